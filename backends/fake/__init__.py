@@ -1,0 +1,1 @@
+"""A scripted backend for unit-testing the interpreter (never for testing real backends)."""

@@ -1,0 +1,1 @@
+"""structgen: structured LLM programs."""

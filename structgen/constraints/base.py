@@ -1,0 +1,81 @@
+"""The constraint engine's contract: spec -> compile (cached) -> matcher -> mask.
+
+Stages (after XGrammar / LLGuidance):
+
+1. :mod:`structgen.constraints.spec` -- frozen specs (regex, JSON schema, choices, grammar).
+2. :class:`ConstraintCompiler.compile(spec, tokenizer)` -- compiles a spec for one
+   tokenizer; results are cached by ``(spec, tokenizer fingerprint)``. A malformed spec
+   raises :class:`~structgen.errors.ConstraintError` here, before any token is generated.
+3. :meth:`CompiledConstraint.matcher` -- a fresh, stateful :class:`Matcher` per sequence.
+4. :meth:`Matcher.fill_bitmask` -- writes the allowed-token bitmask for the next step.
+
+Error contract (written down, as LLGuidance does): a matcher never raises on a bad
+token. :meth:`Matcher.consume` returns ``False`` and the matcher enters an error state
+(:meth:`Matcher.error` says why); it raises only on API misuse.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+from structgen.constraints.spec import ConstraintSpec
+
+__all__ = ["CompiledConstraint", "ConstraintCompiler", "Matcher"]
+
+
+class Matcher(ABC):
+    """Per-sequence constraint state over token ids."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        """Write the allowed next tokens into row ``index`` of an int32 bitmask
+        (shape ``[batch, ceil(vocab/32)]``, bit ``t % 32`` of word ``t // 32`` = token ``t``)."""
+
+    @abstractmethod
+    def consume(self, token_id: int) -> bool:
+        """Advance by one token. ``False`` (and error state) if the token was not allowed."""
+
+    def consume_many(self, token_ids: Sequence[int]) -> bool:
+        return all(self.consume(t) for t in token_ids)
+
+    @abstractmethod
+    def is_accepting(self) -> bool:
+        """The text so far is a complete match: the sequence may end here (EOS allowed)."""
+
+    @abstractmethod
+    def is_stopped(self) -> bool:
+        """No further token can be accepted: the sequence must end now."""
+
+    @abstractmethod
+    def forced_tokens(self) -> list[int]:
+        """Tokens that are the only possible continuation (for jump-forward decoding)."""
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens."""
+
+    @abstractmethod
+    def error(self) -> str | None:
+        """Why the matcher is in its error state, or ``None``."""
+
+
+class CompiledConstraint(ABC):
+    """A spec compiled for one tokenizer. Immutable and shareable across threads."""
+
+    spec: ConstraintSpec
+    #: False when the spec could not be enforced exactly at the token level and a looser
+    #: grammar is enforced instead (the final validation then guards the result).
+    exact: bool = True
+
+    @abstractmethod
+    def matcher(self) -> Matcher:
+        """A fresh matcher at the start of the output."""
+
+
+class ConstraintCompiler(ABC):
+    """Compiles specs for a tokenizer, caching by ``(spec, tokenizer)``."""
+
+    @abstractmethod
+    def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """Compile ``spec``; raise :class:`~structgen.errors.ConstraintError` if malformed."""

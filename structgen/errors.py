@@ -1,0 +1,127 @@
+"""structgen's one exception tree.
+
+Every error structgen raises on purpose is a :class:`StructgenError`::
+
+    StructgenError
+    ├── ProgramError            a program misused the DSL, or failed while running
+    ├── ConstraintError         a regex / JSON schema / choice set cannot be compiled
+    ├── BackendError            a backend failed; ``retryable`` says whether to try again
+    │   └── CapabilityError     the backend cannot honour a feature (raised before sending)
+    └── OutputValidationError   generated text failed parsing or validation
+
+Lower-layer exceptions (httpx, torch, jsonschema, llguidance) are mapped at the
+boundary with ``raise ... from exc`` so the cause stays attached.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+__all__ = [
+    "BackendError",
+    "CapabilityError",
+    "ConstraintError",
+    "OutputValidationError",
+    "ProgramError",
+    "StructgenError",
+]
+
+
+def _where(program: str | None, variable: str | None) -> str:
+    parts = []
+    if program:
+        parts.append(f"program {program!r}")
+    if variable:
+        parts.append(f"variable {variable!r}")
+    return (" [" + ", ".join(parts) + "]") if parts else ""
+
+
+class StructgenError(Exception):
+    """Base of every error structgen raises on purpose."""
+
+    def __init__(self, message: str, *, program: str | None = None, variable: str | None = None):
+        self.message = message
+        self.program = program
+        self.variable = variable
+        super().__init__(message + _where(program, variable))
+
+    def with_context(self, *, program: str | None = None, variable: str | None = None) -> "StructgenError":
+        """Fill in the program / variable this error belongs to, if not yet known."""
+        self.program = self.program or program
+        self.variable = self.variable or variable
+        self.args = (self.message + _where(self.program, self.variable),)
+        return self
+
+
+class ProgramError(StructgenError):
+    """A program misused the DSL (unknown variable, bad argument) or failed while running."""
+
+
+class ConstraintError(StructgenError):
+    """A constraint (regex, JSON schema, choices, grammar) is malformed or cannot be compiled.
+
+    Raised before any token is generated. ``constraint`` names the offending constraint.
+    """
+
+    def __init__(self, message: str, *, constraint: str | None = None, **kw: Any):
+        self.constraint = constraint
+        if constraint:
+            shown = constraint if len(constraint) <= 200 else constraint[:197] + "..."
+            message = f"{message} (constraint: {shown})"
+        super().__init__(message, **kw)
+
+
+class BackendError(StructgenError):
+    """A backend failed to serve a request.
+
+    ``retryable`` is true for transient failures (connection refused/reset, 429, 503,
+    timeouts) and false for everything else. ``backend`` names the backend.
+    """
+
+    def __init__(self, message: str, *, backend: str | None = None, retryable: bool = False,
+                 status: int | None = None, **kw: Any):
+        self.backend = backend
+        self.retryable = retryable
+        self.status = status
+        if backend:
+            message = f"{backend}: {message}"
+        super().__init__(message, **kw)
+
+
+class CapabilityError(BackendError):
+    """The backend (at its version) cannot honour a requested feature.
+
+    Always raised before anything is sent, never silently dropped.
+    """
+
+    def __init__(self, feature: str, *, backend: str, version: str | None = None,
+                 hint: str | None = None, **kw: Any):
+        self.feature = feature
+        self.version = version
+        msg = f"does not support {feature}"
+        if version:
+            msg = f"(version {version}) {msg}"
+        if hint:
+            msg += f"; {hint}"
+        super().__init__(msg, backend=backend, retryable=False, **kw)
+
+
+class OutputValidationError(StructgenError):
+    """Generated text could not be parsed or failed validation.
+
+    ``raw`` is the exact generated text; ``errors`` lists every validation error;
+    ``truncated`` is true when ``max_tokens`` cut the output short.
+    """
+
+    def __init__(self, message: str, *, raw: str, errors: Sequence[str] = (),
+                 truncated: bool = False, **kw: Any):
+        self.raw = raw
+        self.errors = list(errors)
+        self.truncated = truncated
+        detail = "; ".join(self.errors[:5])
+        shown = raw if len(raw) <= 300 else raw[:297] + "..."
+        full = message
+        if detail:
+            full += f": {detail}"
+        full += f" (raw output: {shown!r})"
+        super().__init__(full, **kw)
