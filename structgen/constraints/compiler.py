@@ -1,0 +1,200 @@
+"""The compile cache and the shared compiler per tokenizer.
+
+``compiler_for(tokenizer)`` returns one :class:`CachingCompiler` per tokenizer
+*vocabulary* (fingerprint = SHA-256 of the vocabulary and EOS ids, computed once per
+tokenizer object). Compiled constraints are cached in a bounded LRU
+:class:`CompileCache` keyed by ``(spec, fingerprint)``, shared by all compilers unless one
+is passed in. Everything here is thread safe.
+
+    compiler = compiler_for(tokenizer)
+    compiled = compiler.compile(regex_spec(r"\\d{4}-\\d{2}-\\d{2}"))   # miss
+    compiled = compiler.compile(regex_spec(r"\\d{4}-\\d{2}-\\d{2}"))   # hit, same object
+    compiler.cache.stats()   # CacheStats(hits=1, misses=1, evictions=0, size=1, maxsize=512)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+from structgen.constraints.base import CompiledConstraint, ConstraintCompiler
+from structgen.constraints.llguidance_engine import LLGuidanceCompiled, LLGuidanceCompiler
+from structgen.constraints.spec import ConstraintSpec
+
+__all__ = [
+    "CacheStats",
+    "CachingCompiler",
+    "CompileCache",
+    "compiler_for",
+    "default_cache",
+    "tokenizer_fingerprint",
+]
+
+DEFAULT_CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    hits: int
+    misses: int
+    evictions: int
+    size: int
+    maxsize: int
+
+
+class CompileCache:
+    """A thread-safe LRU of compiled constraints with hit / miss / eviction counters.
+
+    Failed compiles (``ConstraintError``) are not cached. Two threads missing on the same
+    key at once may both compile; the first result stored wins and both count a miss.
+    """
+
+    def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE):
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be at least 1, not {maxsize}")
+        self.maxsize = maxsize
+        self._items: OrderedDict[Hashable, CompiledConstraint] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = self._misses = self._evictions = 0
+
+    def get(self, key: Hashable) -> CompiledConstraint | None:
+        """The cached value (counted as a hit, made most recent) or ``None`` (a miss)."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is None:
+                self._misses += 1
+                return None
+            self._items.move_to_end(key)
+            self._hits += 1
+            return value
+
+    def put(self, key: Hashable, value: CompiledConstraint) -> CompiledConstraint:
+        """Store ``value`` unless ``key`` is already there; return the stored value."""
+        with self._lock:
+            existing = self._items.get(key)
+            if existing is not None:
+                self._items.move_to_end(key)
+                return existing
+            self._items[key] = value
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+                self._evictions += 1
+            return value
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(self._hits, self._misses, self._evictions, len(self._items), self.maxsize)
+
+    def clear(self) -> None:
+        """Drop every entry and zero the counters."""
+        with self._lock:
+            self._items.clear()
+            self._hits = self._misses = self._evictions = 0
+
+
+class CachingCompiler(ConstraintCompiler):
+    """An :class:`LLGuidanceCompiler` behind a :class:`CompileCache`.
+
+    Equal specs share one compiled constraint (``JsonSchemaSpec.model`` is not part of
+    equality, so ``compiled.spec`` may be an equal spec with another model attached).
+    """
+
+    def __init__(self, engine: LLGuidanceCompiler, fingerprint: str, cache: CompileCache):
+        self.engine = engine
+        self.fingerprint = fingerprint
+        self.cache = cache
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.engine.eos_token_id
+
+    def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled:
+        key = (spec, self.fingerprint)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit  # type: ignore[return-value]
+        return self.cache.put(key, self.engine.compile(spec))  # type: ignore[return-value]
+
+
+_DEFAULT_CACHE = CompileCache()
+
+
+def default_cache() -> CompileCache:
+    """The process-wide compile cache shared by compilers made with :func:`compiler_for`."""
+    return _DEFAULT_CACHE
+
+
+_fingerprints: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_fingerprint_ids: dict[int, tuple[Any, str]] = {}  # tokenizers that cannot be weakly referenced
+_engines: dict[tuple[str, int | None, int | None], LLGuidanceCompiler] = {}
+_compilers: dict[tuple[str, int | None, int | None], CachingCompiler] = {}  # default cache only
+_lock = threading.RLock()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """SHA-256 of the tokenizer's vocabulary (token -> id) and EOS ids; computed once per object."""
+    with _lock:
+        try:
+            cached = _fingerprints.get(tokenizer)
+        except TypeError:
+            entry = _fingerprint_ids.get(id(tokenizer))
+            cached = entry[1] if entry is not None and entry[0] is tokenizer else None
+        if cached is not None:
+            return cached
+    vocab = tokenizer.get_vocab()
+    digest = hashlib.sha256()
+    for token, index in sorted(vocab.items(), key=lambda item: (item[1], item[0])):
+        digest.update(f"{index}\x00{token}\x01".encode("utf-8", "surrogatepass"))
+    eos = getattr(tokenizer, "eos_token_id", None)
+    digest.update(json.dumps({"eos": eos, "n": len(vocab)}).encode())
+    fingerprint = digest.hexdigest()
+    with _lock:
+        try:
+            _fingerprints[tokenizer] = fingerprint
+        except TypeError:
+            _fingerprint_ids[id(tokenizer)] = (tokenizer, fingerprint)
+    return fingerprint
+
+
+def compiler_for(tokenizer: Any, *, cache: CompileCache | None = None,
+                 n_vocab: int | None = None, eos_token_id: int | None = None) -> CachingCompiler:
+    """The shared compiler for ``tokenizer`` (a Hugging Face fast tokenizer).
+
+    Tokenizers with the same vocabulary share one llguidance tokenizer (built once, ~1 s).
+    ``cache`` defaults to :func:`default_cache`; pass a fresh :class:`CompileCache` to
+    isolate (tests, or a bounded cache per model). ``n_vocab`` / ``eos_token_id`` override
+    the vocabulary size (e.g. the model's padded logits width) and EOS token.
+    """
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    if n_vocab is not None or eos_token_id is not None:
+        fingerprint = f"{fingerprint}:{n_vocab}:{eos_token_id}"
+    cache = default_cache() if cache is None else cache
+    engine_key = (fingerprint, n_vocab, eos_token_id)
+    with _lock:
+        if cache is _DEFAULT_CACHE and engine_key in _compilers:
+            return _compilers[engine_key]
+        engine = _engines.get(engine_key)
+        if engine is None:
+            engine = LLGuidanceCompiler(tokenizer, n_vocab=n_vocab, eos_token_id=eos_token_id)
+            _engines[engine_key] = engine
+        compiler = CachingCompiler(engine, fingerprint, cache)
+        if cache is _DEFAULT_CACHE:
+            _compilers[engine_key] = compiler
+        return compiler
