@@ -1,1 +1,91 @@
-"""structgen: structured LLM programs."""
+"""structgen: structured LLM programs.
+
+Write a program as a Python function over a state ``s``; append prompt text with
+``s += ...``; generate with ``gen(...)`` under a regex, a JSON schema, a pydantic model,
+``choices`` or ``dtype``; ``select`` by log-probabilities; use the tokenizer's own chat
+template through ``system``/``user``/``assistant``; ``fork`` and ``join``; ``run``,
+``run_batch`` and stream. SGLang frontend programs run with ``import structgen as sgl``.
+
+Importing structgen imports no torch, transformers or engine: backends load lazily.
+"""
+
+from structgen.api import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    image,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+    video,
+)
+from structgen.backend import Backend, Capabilities, SamplingParams
+from structgen.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from structgen.constraints.spec import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+from structgen.errors import (
+    BackendError,
+    CapabilityError,
+    ConstraintError,
+    OutputValidationError,
+    ProgramError,
+    StructgenError,
+)
+from structgen.program import Program, function, program
+from structgen.registry import available_backends, get_backend, get_default_backend, set_default_backend
+from structgen.state import ForkGroup, ProgramState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
+    "Backend",
+    "BackendError",
+    "Capabilities",
+    "CapabilityError",
+    "ConstraintError",
+    "ForkGroup",
+    "OutputValidationError",
+    "Program",
+    "ProgramError",
+    "ProgramState",
+    "SamplingParams",
+    "StructgenError",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "available_backends",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_backend",
+    "get_default_backend",
+    "greedy_token_selection",
+    "image",
+    "program",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+    "video",
+]

@@ -1,0 +1,1 @@
+"""SGLang-compatible module paths (``sglang.lang.*``) for programs that import them."""
