@@ -33,8 +33,15 @@ __all__ = [
 ]
 
 
+#: SamplingParams field for each of gen()'s sampling arguments, in signature order.
+_PARAM_NAMES = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex",
+                "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                "return_text_in_logprobs")
+
+
 def _tuple(value: str | Sequence[Any] | None) -> tuple[Any, ...]:
-    if value is None:
+    if not value:
         return ()
     if isinstance(value, str):
         return (value,)
@@ -94,16 +101,11 @@ def gen(
         raise ProgramError(f"retries must be a non-negative int, not {retries!r}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ProgramError(f"max_tokens must be a positive int, not {max_tokens!r}")
-    params = {
-        "max_new_tokens": max_tokens, "min_new_tokens": min_tokens, "n": n,
-        "stop": _tuple(stop) or None, "stop_token_ids": _tuple(stop_token_ids) or None,
-        "stop_regex": _tuple(stop_regex) or None, "temperature": temperature, "top_p": top_p,
-        "top_k": top_k, "min_p": min_p, "frequency_penalty": frequency_penalty,
-        "presence_penalty": presence_penalty, "ignore_eos": ignore_eos,
-        "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
-        "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs,
-    }
-    set_params = tuple((k, v) for k, v in params.items() if v is not None)
+    values = (max_tokens, min_tokens, n, _tuple(stop) or None, _tuple(stop_token_ids) or None,
+              _tuple(stop_regex) or None, temperature, top_p, top_k, min_p, frequency_penalty,
+              presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
+              return_text_in_logprobs)
+    set_params = tuple((k, v) for k, v in zip(_PARAM_NAMES, values) if v is not None)
     return Gen(name=name, params=set_params, constraint=constraint, dtype=dtype, retries=retries)
 
 

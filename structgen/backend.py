@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from structgen.chat import ChatTemplate
@@ -87,20 +88,25 @@ class SamplingParams:
     return_text_in_logprobs: bool = False
     seed: int | None = None
 
-    def set_fields(self) -> set[str]:
+    def set_fields(self) -> frozenset[str]:
         """Names of the parameters that differ from 'unset' (for capability checks)."""
-        out = {"max_new_tokens", "temperature"}
-        for name in ("min_new_tokens", "n", "top_p", "top_k", "min_p", "frequency_penalty",
-                     "presence_penalty", "logprob_start_len", "top_logprobs_num", "seed"):
-            if getattr(self, name) is not None:
-                out.add(name)
-        for name in ("stop", "stop_token_ids", "stop_regex"):
-            if getattr(self, name):
-                out.add(name)
-        for name in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
-            if getattr(self, name):
-                out.add(name)
-        return out
+        return _set_fields(self)
+
+
+@lru_cache(maxsize=1024)
+def _set_fields(self: SamplingParams) -> frozenset[str]:
+    out = {"max_new_tokens", "temperature"}
+    for name in ("min_new_tokens", "n", "top_p", "top_k", "min_p", "frequency_penalty",
+                 "presence_penalty", "logprob_start_len", "top_logprobs_num", "seed"):
+        if getattr(self, name) is not None:
+            out.add(name)
+    for name in ("stop", "stop_token_ids", "stop_regex"):
+        if getattr(self, name):
+            out.add(name)
+    for name in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
+        if getattr(self, name):
+            out.add(name)
+    return frozenset(out)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from structgen.backend import (
 )
 from structgen.chat import ChatTemplate
 from structgen.choices import method_by_name
-from structgen.constraints.spec import ChoiceSpec, JsonSchemaSpec, RegexSpec
 from structgen.errors import OutputValidationError, ProgramError, StructgenError
 from structgen.ir import (
     Expr,
@@ -52,6 +51,7 @@ _ROLES = ("system", "user", "assistant", "tool")
 class _Pending:
     node: Gen | Select
     request: Request
+    name: str
     attempt: int = 0
     streamed: int = 0  # characters already emitted through on_delta
 
@@ -134,7 +134,7 @@ class Interpreter:
         if self._pending is not None and delta:
             self._pending.streamed += len(delta)
             if self.emit is not None:
-                self.emit(delta, self._pending.node.name)
+                self.emit(delta, self._pending.name)
 
     def deliver(self, result: GenerateResult | SelectResult | BaseException) -> None:
         pending = self._pending
@@ -142,7 +142,7 @@ class Interpreter:
             raise ProgramError("result delivered with no request pending", program=self.program)
         self._pending = None
         if isinstance(result, BaseException):
-            self.fail(result, variable=pending.node.name)
+            self.fail(result, variable=pending.name)
             return
         try:
             if isinstance(pending.node, Gen):
@@ -150,7 +150,7 @@ class Interpreter:
             else:
                 self._finish_select(pending, result)  # type: ignore[arg-type]
         except StructgenError as exc:
-            self.fail(exc, variable=pending.node.name)
+            self.fail(exc, variable=pending.name)
 
     def fail(self, exc: BaseException, *, variable: str | None = None) -> None:
         if not isinstance(exc, StructgenError):
@@ -229,50 +229,48 @@ class Interpreter:
         return name
 
     def _start_gen(self, node: Gen) -> Request:
-        node = replace(node, name=self._name(node.name))
+        name = self._name(node.name)
         req = GenerateRequest(prompt=self.text, params=node.sampling(self.defaults),
                               constraint=node.constraint, messages=self._request_messages(),
-                              program=self.program, variable=node.name, group=self.group)
-        self._pending = _Pending(node, req)
+                              program=self.program, variable=name, group=self.group)
+        self._pending = _Pending(node, req, name=name)
         return req
 
     def _start_select(self, node: Select) -> Request:
         if not node.choices:
             raise ProgramError("select needs at least one choice", variable=node.name)
-        node = replace(node, name=self._name(node.name))
+        name = self._name(node.name)
         method = method_by_name(node.method)
         req = SelectRequest(prompt=self.text, choices=node.choices, temperature=node.temperature,
                             method=None if node.method is None else method.name,
                             need_unconditional=method.requires_unconditional_logprobs,
                             messages=self._request_messages(), program=self.program,
-                            variable=node.name, group=self.group)
-        self._pending = _Pending(node, req)
+                            variable=name, group=self.group)
+        self._pending = _Pending(node, req, name=name)
         return req
 
     # -- results --------------------------------------------------------------------------
     def _finish_gen(self, pending: _Pending, result: GenerateResult) -> None:
         node: Gen = pending.node  # type: ignore[assignment]
-        text = result.text
+        name, text = pending.name, result.text
         try:
             value = _typed_value(node, text, truncated=result.finish_reason == "length")
-        except OutputValidationError as exc:
+        except OutputValidationError:
             if pending.attempt < node.retries:
                 self._retry(pending)
                 return
-            if pending.streamed and self.emit is not None:
-                pass  # what streamed stays streamed; the error says what was wrong
-            raise exc
-        rest = text[pending.streamed:] if pending.streamed <= len(text) else ""
+            raise
         self.text += text
+        rest = text[pending.streamed:]
         if self.emit is not None and rest:
-            self.emit(rest, node.name)
-        self.variables[node.name] = text  # type: ignore[index]
-        self.values[node.name] = value  # type: ignore[index]
+            self.emit(rest, name)
+        self.variables[name] = text
+        self.values[name] = value
         meta = dict(result.meta)
         meta.setdefault("finish_reason", result.finish_reason)
         if pending.attempt:
             meta["attempts"] = pending.attempt + 1
-        self.meta[node.name] = meta  # type: ignore[index]
+        self.meta[name] = meta
 
     def _retry(self, pending: _Pending) -> None:
         """Re-sample after a failed validation (greedy would repeat itself)."""
@@ -281,7 +279,7 @@ class Interpreter:
         attempt = pending.attempt + 1
         params = replace(params, temperature=max(params.temperature, 0.7),
                          seed=(params.seed or 0) + attempt)
-        self._pending = _Pending(pending.node, replace(req, params=params), attempt=attempt)
+        self._pending = _Pending(pending.node, replace(req, params=params), pending.name, attempt=attempt)
 
     def _finish_select(self, pending: _Pending, result: SelectResult) -> None:
         node: Select = pending.node  # type: ignore[assignment]
@@ -299,10 +297,10 @@ class Interpreter:
         if not 0 <= index < len(node.choices):
             raise ProgramError(f"backend chose option {index} of {len(node.choices)}")
         choice = node.choices[index]
-        self._append(choice, node.name)
-        self.variables[node.name] = choice  # type: ignore[index]
-        self.values[node.name] = choice  # type: ignore[index]
-        self.meta[node.name] = meta  # type: ignore[index]
+        self._append(choice, pending.name)
+        self.variables[pending.name] = choice
+        self.values[pending.name] = choice
+        self.meta[pending.name] = meta
 
 
 def _sample_index(scores: list[float], temperature: float, default: int) -> int:
@@ -319,16 +317,13 @@ def _sample_index(scores: list[float], temperature: float, default: int) -> int:
 
 def _typed_value(node: Gen, text: str, *, truncated: bool) -> Any:
     """Validate constrained output and convert it to its typed value."""
-    spec = node.constraint
-    if spec is None:
+    if node.constraint is None:
         return text
     from structgen.validation import validate_output
 
-    value = validate_output(spec, text, truncated=truncated)
-    if node.dtype is not None and isinstance(spec, RegexSpec):
+    value = validate_output(node.constraint, text, truncated=truncated)
+    if node.dtype is not None:
         return _convert_dtype(node.dtype, text)
-    if isinstance(spec, (JsonSchemaSpec, ChoiceSpec)):
-        return value
     return value
 
 

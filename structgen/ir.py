@@ -7,7 +7,8 @@ never see them (they see :mod:`structgen.backend` requests). No node knows an en
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Iterator, Union
 
 from structgen.backend import SamplingParams
@@ -61,9 +62,12 @@ class Gen(Expr):
     retries: int = 0
 
     def sampling(self, defaults: SamplingParams) -> SamplingParams:
-        from dataclasses import replace
+        return _merge(defaults, self.params) if self.params else defaults
 
-        return replace(defaults, **dict(self.params)) if self.params else defaults
+
+@lru_cache(maxsize=1024)
+def _merge(defaults: SamplingParams, params: tuple[tuple[str, Any], ...]) -> SamplingParams:
+    return replace(defaults, **dict(params))
 
 
 @dataclass(frozen=True)
