@@ -1,0 +1,205 @@
+"""OpenAI-compatible servers: the chat and completions routes, shared by vLLM and TensorRT-LLM.
+
+:class:`OpenAICompatBackend` holds what all such servers share: the sampling-parameter
+names, the ``/v1/models`` detection, parsing of ``choices[0]``. Subclasses say where a
+constraint goes (:meth:`constraint_fields`).
+
+:class:`OpenAIBackend` is any OpenAI-compatible server (OpenAI itself, proxies, other
+engines' chat routes): it sends ``messages`` to ``/v1/chat/completions``; JSON schema goes
+into ``response_format`` (``json_schema``, strict); a choice set becomes a strict JSON
+schema with an ``enum`` whose value is unwrapped; regex and grammars cannot be expressed
+there, so they are capability errors, never dropped constraints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from structgen.backend import (
+    Capabilities,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+)
+from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, JsonSchemaSpec
+from structgen.errors import CapabilityError, OutputValidationError
+
+from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
+
+__all__ = ["OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]
+
+#: structgen SamplingParams name -> OpenAI request field
+_OPENAI_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "seed": "seed",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "n": "n",
+}
+#: extra fields vLLM (and other engines' OpenAI routes) accept at top level
+_ENGINE_EXTRA_NAMES = {
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "min_new_tokens": "min_tokens",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+}
+
+
+def openai_sampling(params: SamplingParams, allowed: frozenset[str], *,
+                    max_tokens_field: str = "max_tokens") -> dict[str, Any]:
+    """The request fields for the parameters in ``allowed`` that are set."""
+    names = {**_OPENAI_NAMES, **_ENGINE_EXTRA_NAMES, "max_new_tokens": max_tokens_field}
+    out: dict[str, Any] = {}
+    for name in params.set_fields() & allowed:
+        if name not in names:
+            continue
+        value = getattr(params, name)
+        if isinstance(value, tuple):
+            value = list(value)
+        out[names[name]] = value
+    return out
+
+
+class OpenAICompatBackend(ServerBackend):
+    """Shared core of OpenAI-route backends. ``route`` is ``"chat"`` or ``"completions"``."""
+
+    name = "openai-compatible"
+    route = "chat"
+    max_tokens_field = "max_tokens"
+
+    # -- detection --------------------------------------------------------------------
+    def _server_version(self) -> str | None:
+        return None
+
+    def _detect(self) -> tuple[str | None, Any]:
+        version = self._server_version()
+        if self.model is None or self._tokenizer_path is None:
+            body = self.http.get("/v1/models", what="list models")
+            data = body.get("data") or []
+            if not data:
+                from structgen.errors import BackendError
+
+                raise BackendError("the server lists no models", backend=self.name)
+            entry = data[0]
+            if self.model is not None:
+                entry = next((d for d in data if d.get("id") == self.model), entry)
+            self.model = self.model or entry.get("id")
+            if self._tokenizer_path is None:
+                self._tokenizer_path = entry.get("root")
+        return version, self._capabilities_for(version)
+
+    # -- translation (pure; tested against documented payloads) ---------------------------
+    def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": self.model}
+        if self.route == "chat":
+            payload["messages"] = self.chat_messages(request)
+        else:
+            payload["prompt"] = request.prompt
+        payload.update(openai_sampling(request.params, self.capabilities.sampling,
+                                       max_tokens_field=self.max_tokens_field))
+        if request.constraint is not None:
+            payload.update(self.constraint_fields(request.constraint))
+        return payload
+
+    def chat_messages(self, request: GenerateRequest) -> list[dict[str, str]]:
+        msgs = [{"role": m.role, "content": m.content} for m in request.messages]
+        if not msgs:
+            return [{"role": "user", "content": request.prompt}]
+        if msgs[-1]["role"] == "assistant" and not msgs[-1]["content"]:
+            msgs.pop()  # the open assistant turn the server will write
+        return msgs
+
+    def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
+        choice = require(body, "choices", 0, backend=self.name)
+        if self.route == "chat":
+            message = choice.get("message") or {}
+            text = message.get("content") or ""
+            meta: dict[str, Any] = {}
+            if message.get("tool_calls"):
+                meta["tool_calls"] = message["tool_calls"]
+            if message.get("refusal"):
+                meta["refusal"] = message["refusal"]
+        else:
+            text = choice.get("text") or ""
+            meta = {}
+        usage = body.get("usage")
+        self._count_usage(usage)
+        if usage:
+            meta["usage"] = usage
+        return GenerateResult(text=text, finish_reason=finish_reason(choice.get("finish_reason")),  # type: ignore[arg-type]
+                              meta=meta)
+
+    def _generate_flow(self, request: GenerateRequest) -> Flow[GenerateResult]:
+        path = "/v1/chat/completions" if self.route == "chat" else "/v1/completions"
+        body = yield Call(path, self.build_payload(request), what=f"{self.name} generate")
+        return self.parse_text(request, body)
+
+
+def _strict_choice_schema(choices: tuple[str, ...]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"choice": {"type": "string", "enum": list(choices)}},
+            "required": ["choice"], "additionalProperties": False}
+
+
+class OpenAIBackend(OpenAICompatBackend):
+    """Any OpenAI-compatible chat server: JSON schema (strict) and choices; no regex/grammar."""
+
+    name = "openai"
+    route = "chat"
+
+    def __init__(self, base_url: str = "https://api.openai.com", **kw: Any):
+        super().__init__(base_url, **kw)
+
+    def _server_version(self) -> str | None:
+        return "v1"
+
+    def _capabilities_for(self, version: str | None) -> Capabilities:
+        return Capabilities(
+            regex=False, json_schema=True, grammar=False, choices=True, select="choice",
+            logprobs=False, prefix_cache=False, fork=True, tools=True, streaming=False,
+            chat_messages=True,
+            sampling=frozenset({"max_new_tokens", "temperature", "top_p", "stop", "seed",
+                                "frequency_penalty", "presence_penalty"}))
+
+    def check_generate(self, request: GenerateRequest) -> None:
+        super().check_generate(request)
+        if request.messages and request.messages[-1].role == "assistant" and request.messages[-1].content:
+            raise CapabilityError("continuing a partly written assistant turn (prefill)",
+                                  backend=self.name, version=self.version, program=request.program,
+                                  variable=request.variable,
+                                  hint="OpenAI chat routes start a fresh assistant message")
+
+    def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
+        if isinstance(spec, JsonSchemaSpec):
+            schema = spec.schema_dict
+            name = getattr(spec.model, "__name__", None) or "output"
+            return {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name)[:64],
+                "schema": schema, "strict": True}}}
+        if isinstance(spec, ChoiceSpec):
+            return {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "choice", "schema": _strict_choice_schema(spec.choices), "strict": True}}}
+        raise CapabilityError(f"{spec.kind} constraints", backend=self.name, version=self.version)
+
+    def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
+        result = super().parse_text(request, body)
+        if isinstance(request.constraint, ChoiceSpec):
+            try:
+                value = json.loads(result.text)["choice"]
+            except (ValueError, KeyError, TypeError):
+                raise OutputValidationError("choice answer is not the expected JSON object",
+                                            raw=result.text, truncated=result.finish_reason == "length",
+                                            program=request.program, variable=request.variable) from None
+            if value not in request.constraint.choices:
+                raise OutputValidationError("choice answer is none of the choices", raw=result.text,
+                                            program=request.program, variable=request.variable)
+            result.meta["raw"] = result.text
+            result.text = value
+        return result

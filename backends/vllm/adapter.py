@@ -1,0 +1,175 @@
+"""vLLM's OpenAI-compatible server: completions with ``structured_outputs``, prompt logprobs.
+
+Version matters (vllm-project/vllm#15636, dottxt-ai/outlines#1887):
+
+- from 0.10.2 constraints go in ``"structured_outputs": {"json"|"regex"|"choice"|"grammar": ...}``;
+  the old ``guided_json``/``guided_regex``/... fields, and top-level ``regex``/``json_schema``,
+  are *accepted and silently ignored* from 0.12 on, so they are never sent to such a server;
+- before 0.10.2 only the ``guided_*`` fields exist, and they are what is sent there.
+
+``select`` is scored from prompt log-probabilities (``prompt_logprobs``), with the prompt /
+choice token boundary found by ``/tokenize`` (shared first tokens and leading spaces are
+scored as the engine tokenizes them, whatever their merge).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from structgen.backend import Capabilities, GenerateRequest, GenerateResult, SelectRequest, SelectResult
+from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
+from structgen.errors import BackendError, CapabilityError
+
+from structgen.backends._server import Call, Flow, require
+from structgen.backends.openai.adapter import OpenAICompatBackend
+
+__all__ = ["VLLMBackend", "parse_version"]
+
+STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)
+
+
+def parse_version(text: str | None) -> tuple[int, ...]:
+    """``"0.32.0+cpu"`` -> ``(0, 32, 0)``; unknown -> ``()``."""
+    out: list[int] = []
+    for part in (text or "").split("+")[0].split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+class VLLMBackend(OpenAICompatBackend):
+    """A vLLM OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``).
+
+    Text prompts go to ``/v1/completions`` (roles rendered with the model's own chat
+    template, loaded from the served model directory when it is local, or from
+    ``tokenizer=``), so the engine's prefix cache sees the program's shared text.
+    """
+
+    name = "vllm"
+    route = "completions"
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any):
+        super().__init__(base_url, **kw)
+
+    def _server_version(self) -> str | None:
+        body = self.http.get("/version", what="vllm version")
+        return str(body.get("version")) if isinstance(body, Mapping) else None
+
+    def _capabilities_for(self, version: str | None) -> Capabilities:
+        return Capabilities(
+            regex=True, json_schema=True, grammar=True, choices=True, select="logprobs",
+            logprobs=True, prefix_cache=True, fork=True, tools=False, streaming=False,
+            chat_messages=False,
+            sampling=frozenset({"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
+                                "min_p", "stop", "stop_token_ids", "seed", "frequency_penalty",
+                                "presence_penalty", "ignore_eos", "return_logprob",
+                                "top_logprobs_num"}))
+
+    @property
+    def structured_outputs(self) -> bool:
+        v = parse_version(self.version)
+        return not v or v >= STRUCTURED_OUTPUTS_SINCE
+
+    def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
+        new = self.structured_outputs
+        if isinstance(spec, JsonSchemaSpec):
+            if new:
+                so: dict[str, Any] = {"json": spec.schema_dict}
+                if spec.whitespace == "compact":
+                    so["disable_any_whitespace"] = True
+                return {"structured_outputs": so}
+            out: dict[str, Any] = {"guided_json": spec.schema_dict}
+            if spec.whitespace == "compact":
+                out["guided_whitespace_pattern"] = ""
+            return out
+        if isinstance(spec, RegexSpec):
+            return {"structured_outputs": {"regex": spec.pattern}} if new else {"guided_regex": spec.pattern}
+        if isinstance(spec, ChoiceSpec):
+            choices = list(spec.choices)
+            return {"structured_outputs": {"choice": choices}} if new else {"guided_choice": choices}
+        if isinstance(spec, GrammarSpec):
+            if not new:
+                raise CapabilityError("Lark grammar constraints", backend=self.name, version=self.version,
+                                      hint="vLLM before 0.10.2 takes EBNF grammars only")
+            return {"structured_outputs": {"grammar": spec.grammar}}
+        raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints",
+                              backend=self.name, version=self.version)
+
+    def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
+        payload = super().build_payload(request)
+        p = request.params
+        if p.return_logprob:
+            payload.pop("return_logprob", None)
+            payload.pop("top_logprobs_num", None)
+            payload["logprobs"] = p.top_logprobs_num or 0
+        return payload
+
+    def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
+        result = super().parse_text(request, body)
+        lp = body["choices"][0].get("logprobs") if body.get("choices") else None
+        if lp:
+            result.meta["output_token_logprobs"] = lp.get("token_logprobs")
+            if lp.get("top_logprobs") is not None:
+                result.meta["output_top_logprobs"] = lp["top_logprobs"]
+        return result
+
+    def _warm_flow(self, prefix: str) -> Flow[None]:
+        yield Call("/v1/completions", {"model": self.model, "prompt": prefix, "max_tokens": 1,
+                                       "temperature": 0}, what="vllm prefix warm-up")
+        return None
+
+    # -- select by prompt logprobs -------------------------------------------------------
+    def _tokenize(self, text: str) -> Call:
+        return Call("/tokenize", {"model": self.model, "prompt": text}, what="vllm tokenize")
+
+    def _prompt_logprobs(self, prompts: list[Any]) -> Call:
+        return Call("/v1/completions", {"model": self.model, "prompt": prompts, "max_tokens": 1,
+                                        "temperature": 0, "prompt_logprobs": 0},
+                    what="vllm select (prompt logprobs)")
+
+    def _token_logprobs(self, entry: Any, ids: list[int], start: int) -> list[float]:
+        plp = require(entry, "prompt_logprobs", backend=self.name)
+        out: list[float] = []
+        for j in range(start, len(ids)):
+            pos = plp[j]
+            if pos is None:  # the very first prompt token has no logprob
+                out.append(0.0)
+                continue
+            tok = pos.get(str(ids[j]))
+            if tok is None:
+                raise BackendError(f"prompt_logprobs lacks token {ids[j]} at position {j}", backend=self.name)
+            out.append(float(tok["logprob"]) if isinstance(tok, Mapping) else float(tok))
+        return out
+
+    def _select_flow(self, request: SelectRequest) -> Flow[SelectResult]:
+        base = yield self._tokenize(request.prompt)
+        base_ids: list[int] = list(require(base, "tokens", backend=self.name))
+        full_ids: list[list[int]] = []
+        for choice in request.choices:
+            body = yield self._tokenize(request.prompt + choice)
+            full_ids.append(list(require(body, "tokens", backend=self.name)))
+        starts = []
+        for ids in full_ids:
+            k = 0
+            while k < min(len(ids), len(base_ids)) and ids[k] == base_ids[k]:
+                k += 1
+            if k == len(ids):  # an empty choice: score nothing
+                k = len(ids)
+            starts.append(k)
+        body = yield self._prompt_logprobs(full_ids)
+        entries = sorted(require(body, "choices", backend=self.name), key=lambda c: c.get("index", 0))
+        cond = [self._token_logprobs(e, ids, k) for e, ids, k in zip(entries, full_ids, starts)]
+        uncond = None
+        if request.need_unconditional:
+            tails = [ids[k:] or ids[-1:] for ids, k in zip(full_ids, starts)]
+            body = yield self._prompt_logprobs(tails)
+            entries = sorted(require(body, "choices", backend=self.name), key=lambda c: c.get("index", 0))
+            uncond = [self._token_logprobs(e, t, 0)[: len(c)] for e, t, c in zip(entries, tails, cond)]
+        return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond,
+                            meta={"choice_token_counts": [len(c) for c in cond]})
