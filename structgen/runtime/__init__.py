@@ -1,0 +1,33 @@
+"""The pure-Python runtime core for shared-prefix runs (no torch, no model).
+
+* :class:`BlockPool` -- fixed pool of KV block ids with ref counts (the KV budget).
+* :class:`RadixCache` -- radix tree of cached token prefixes owning KV blocks.
+* :class:`Sequence` -- one request's tokens, status, KV blocks and counters.
+* :class:`Scheduler` -- cache-aware continuous batching with eviction and preemption.
+"""
+
+from structgen.runtime.batch import Batch, BatchEntry
+from structgen.runtime.block_pool import BlockPool, blocks_for_tokens
+from structgen.runtime.errors import KVCacheError, KVCapacityError
+from structgen.runtime.radix_cache import InsertResult, MatchResult, RadixCache, RadixNode
+from structgen.runtime.scheduler import Scheduler, SchedulerConfig
+from structgen.runtime.sequence import Sequence, SequenceStatus
+from structgen.runtime.stats import SchedulerStats
+
+__all__ = [
+    "Batch",
+    "BatchEntry",
+    "BlockPool",
+    "InsertResult",
+    "KVCacheError",
+    "KVCapacityError",
+    "MatchResult",
+    "RadixCache",
+    "RadixNode",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerStats",
+    "Sequence",
+    "SequenceStatus",
+    "blocks_for_tokens",
+]
