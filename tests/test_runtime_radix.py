@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -16,6 +19,16 @@ def test_public_surface_sorted_and_complete() -> None:
     assert rt.__all__ == sorted(rt.__all__)
     for name in rt.__all__:
         assert hasattr(rt, name)
+
+
+def test_runtime_imports_no_torch_numpy_or_transformers() -> None:
+    root = Path(rt.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in {"torch", "numpy", "transformers"}, path
 
 
 # -- BlockPool -------------------------------------------------------------------------------------

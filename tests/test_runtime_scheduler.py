@@ -93,6 +93,8 @@ def test_sixteen_sequences_share_a_prefix_computed_once() -> None:
     assert st.decode_computed_tokens == 16 * 4
     assert st.computed_tokens == 260 + 64
     assert st.finished == 16 and st.preemptions == 0
+    # the cache counts the prefix each admission looked up (the prompt less its last token)
+    assert sched.cache.hit_tokens == 1500 and sched.cache.miss_tokens == 109 + 15 * 9
     assert all(s.status is SequenceStatus.FINISHED and s.num_output_tokens == 5 for s in seqs)
     # everything left is cache, none of it locked
     assert sched.cache.protected_tokens == 0
@@ -127,9 +129,11 @@ def test_disabled_cache_reuses_nothing_and_frees_everything() -> None:
     assert pool.num_used == 0
 
 
-@pytest.mark.parametrize("policy, first", [("lpm", "hit"), ("fcfs", "miss")])
-def test_longest_prefix_first_with_fcfs_tie_break(policy: str, first: str) -> None:
-    sched = make_sched(policy=policy, max_prefill_tokens=1)
+@pytest.mark.parametrize("policy, lpm_max_waiting, first",
+                         [("lpm", 256, "hit"), ("fcfs", 256, "miss"), ("lpm", 2, "miss")])
+def test_longest_prefix_first_with_fcfs_tie_break(policy: str, lpm_max_waiting: int,
+                                                  first: str) -> None:
+    sched = make_sched(policy=policy, max_prefill_tokens=1, lpm_max_waiting=lpm_max_waiting)
     warm = Sequence("warm", list(range(50)))
     sched.add(warm)
     drive(sched, {"warm": 1}, random.Random(0))
@@ -139,7 +143,7 @@ def test_longest_prefix_first_with_fcfs_tie_break(policy: str, first: str) -> No
     for s in (miss, hit, tie):
         sched.add(s)
     order = [sched.schedule().seqs[0].seq_id for _ in range(3)]
-    expected = ["hit", "tie", "miss"] if policy == "lpm" else ["miss", "hit", "tie"]
+    expected = ["hit", "tie", "miss"] if first == "hit" else ["miss", "hit", "tie"]
     assert order == expected and order[0] == first
 
 

@@ -49,7 +49,8 @@ class SchedulerConfig:
     ``policy``: ``"lpm"`` (longest prefix match) or ``"fcfs"``. ``starvation_limit``:
     prefill batches a waiting sequence may be passed over before it goes first.
     ``in_batch_prefix_threshold``: shared uncached tokens that make a sequence wait for
-    a batch-mate's prefix (0 turns this off).
+    a batch-mate's prefix (0 turns this off). ``lpm_max_waiting``: above this many
+    waiting sequences LPM falls back to FCFS (matching every prompt gets costly).
     """
 
     max_running_seqs: int = 256
@@ -57,9 +58,11 @@ class SchedulerConfig:
     policy: Literal["lpm", "fcfs"] = "lpm"
     starvation_limit: int = 8
     in_batch_prefix_threshold: int = 32
+    lpm_max_waiting: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("max_running_seqs", "max_prefill_tokens", "starvation_limit"):
+        for name in ("max_running_seqs", "max_prefill_tokens", "starvation_limit",
+                     "lpm_max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.in_batch_prefix_threshold < 0:
@@ -69,7 +72,12 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """Continuous batching over ``pool`` and ``cache``. See the module docstring."""
+    """Continuous batching over ``pool`` and ``cache``. See the module docstring.
+
+    Not thread-safe: one driver loop owns a scheduler. The KV of a batch's entries must
+    be computed before the next :meth:`schedule` call, which caches freshly prefilled
+    prompts in the radix tree for later sequences to reuse.
+    """
 
     def __init__(self, pool: BlockPool, cache: RadixCache | None = None,
                  config: SchedulerConfig | None = None) -> None:
@@ -144,7 +152,7 @@ class Scheduler:
         starving = sorted((s for s in self.waiting if s.times_skipped >= limit),
                           key=lambda s: s.arrival)
         rest = [s for s in self.waiting if s.times_skipped < limit]
-        if self.config.policy == "lpm":
+        if self.config.policy == "lpm" and len(rest) <= self.config.lpm_max_waiting:
             lens = {id(s): self.cache.peek_prefix_len(s.token_ids[:-1]) for s in rest}
             rest.sort(key=lambda s: (-lens[id(s)], s.arrival))
         else:
