@@ -48,7 +48,8 @@ import llguidance.hf
 
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, Matcher
 from structgen.constraints.bitmask import bitmask_words, row_pointer
-from structgen.constraints.schema import prepare_schema
+from structgen.constraints.fallback import schema_grammar
+from structgen.constraints.schema import checked_schema, prepare_schema
 from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
 from structgen.errors import ConstraintError
 
@@ -307,15 +308,20 @@ class LLGuidanceCompiler(ConstraintCompiler):
         return self._vocab.tokenizer
 
     def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled:
-        grammar = to_grammar(spec)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocab.tokenizer)
         exact = True
-        if is_error and isinstance(spec, JsonSchemaSpec) and messages and messages[0].startswith(_LENIENT_MARKERS):
-            lenient = to_grammar(spec, lenient=True)
-            lenient_error, lenient_messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-                lenient, self._vocab.tokenizer)
-            if not lenient_error:
-                grammar, is_error, messages, exact = lenient, False, lenient_messages, False
+        if isinstance(spec, JsonSchemaSpec):
+            # normalise, then the strictest grammar the engine builds; looser rungs (exact=False)
+            # still admit every valid value, and final validation guards the result
+            try:
+                schema = json.loads(spec.schema)
+            except ValueError as exc:
+                raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
+            built = schema_grammar(checked_schema(schema), self._vocab.tokenizer,
+                                   whitespace_flexible=spec.whitespace == "flexible")
+            grammar, is_error, messages, exact = built.grammar, False, list(built.warnings), built.exact
+        else:
+            grammar = to_grammar(spec)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocab.tokenizer)
         if is_error:
             reason = _first_line(messages[0]) if messages else "unknown error"
             raise ConstraintError(f"cannot compile {spec.kind} constraint: {reason}",
