@@ -125,7 +125,9 @@ def json_schema_spec(schema: Any, *, whitespace: Literal["compact", "flexible"] 
                               constraint=json.dumps(schema_obj)[:200])
     if whitespace not in ("compact", "flexible"):
         raise ConstraintError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
-    text = json.dumps(schema_obj, sort_keys=True, separators=(",", ":"))
+    # Key order is kept, not sorted: the order of "properties" is the order in which
+    # constrained decoding generates the fields (e.g. "reasoning" before "answer").
+    text = json.dumps(schema_obj, separators=(",", ":"))
     return JsonSchemaSpec(schema=text, model=model, whitespace=whitespace)
 
 
