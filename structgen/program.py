@@ -31,14 +31,16 @@ _RUN_ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 _IGNORED = {"use_thread", "num_api_spec_tokens"}
 
 
-def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate run-level sampling defaults from program arguments."""
+def _split_kwargs(kwargs: dict[str, Any], arg_names: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate run-level sampling defaults from program arguments (a program's own
+    parameter names win: ``def f(s, n)`` takes ``n`` as its argument)."""
     sampling, args = {}, {}
+    own = set(arg_names)
     for k, v in kwargs.items():
-        if k in _IGNORED:
+        if k in _IGNORED and k not in own:
             continue
         key = _RUN_ALIASES.get(k, k)
-        if key in _SAMPLING_NAMES:
+        if key in _SAMPLING_NAMES and k not in own:
             if v is not None:
                 sampling[key] = tuple(v) if isinstance(v, list) else (
                     (v,) if key in ("stop", "stop_regex") and isinstance(v, str) else v)
@@ -79,7 +81,7 @@ class Program:
     # -- one run -------------------------------------------------------------------------------
     def _prepare(self, args: tuple, kwargs: dict[str, Any], backend: Backend | str | None,
                  stream: bool) -> tuple[Run, ProgramState, dict[str, Any]]:
-        sampling, pargs = _split_kwargs(kwargs)
+        sampling, pargs = _split_kwargs(kwargs, self.arg_names)
         if len(args) > len(self.arg_names):
             raise ProgramError(f"takes {len(self.arg_names)} argument(s), got {len(args)}",
                                program=self.name)

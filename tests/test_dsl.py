@@ -472,3 +472,15 @@ def test_an_sglang_program_runs_by_changing_only_the_import():
 def test_choice_spec_is_used_for_gen_in_constraint_backends():
     # ChoiceSpec is a first-class constraint for adapters (select="choice")
     assert ChoiceSpec(("a", "b")).describe() == "choices ['a', 'b']"
+
+
+def test_program_parameters_named_like_sampling_params_are_program_arguments():
+    fb = FakeBackend(["x", "y"])
+
+    @sg.program
+    def p(s, n, temperature="warm"):
+        s += f"{n}{temperature}" + sg.gen("g")
+
+    st = p.run(n=3, temperature="cold", backend=fb, max_tokens=5)
+    assert st.text() == "3coldx"
+    assert fb.requests[0].params.n is None and fb.requests[0].params.max_new_tokens == 5

@@ -1,0 +1,128 @@
+"""One suite of example programs, run against every backend that can run here.
+
+Each check runs a program from ``programs/`` on the given backend and asserts
+*structure* (regex full match, schema validity, choice membership, message counts,
+types), never model knowledge. Backend test modules call :func:`run_suite_case`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+
+import structgen as sg
+from programs import (
+    chat,
+    classify,
+    dtype_gen,
+    few_shot_qa,
+    json_extraction,
+    parallel_decoding,
+    parallel_encoding,
+    react,
+    regex_gen,
+)
+
+
+def _whitespace_outside_strings(raw: str) -> bool:
+    in_str = escaped = False
+    for ch in raw:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch.isspace():
+            return True
+    return False
+
+
+def check_few_shot_qa(backend):
+    st = few_shot_qa.few_shot_qa.run(question="What is the capital of Spain?", backend=backend)
+    ans = st["answer"]
+    assert isinstance(ans, str) and "\n" not in ans
+    assert st.text().endswith(ans)
+    assert st.text().count("Q: ") == len(few_shot_qa.EXAMPLES) + 1
+
+
+def check_chat(backend):
+    qs = ["What is water made of?", "And ice?"]
+    st = chat.chat.run(questions=qs, backend=backend)
+    msgs = st.messages()
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert msgs[1]["content"] == qs[0] and msgs[3]["content"] == qs[1]
+    assert msgs[2]["content"] == st["answer_0"] and msgs[4]["content"] == st["answer_1"]
+
+
+def check_json_extraction(backend):
+    texts = ["Alice Martin is 31 years old and lives in Lyon.", "Bob Chen, 45, lives in Toronto."]
+    states = json_extraction.extract_person.run_batch([{"text": t} for t in texts], backend=backend)
+    schema = json_extraction.Person.model_json_schema()
+    for st in states:
+        assert st.error() is None, st.error()
+        raw = st["person"]
+        jsonschema.validate(json.loads(raw), schema)
+        assert isinstance(st.value("person"), json_extraction.Person)
+        assert not _whitespace_outside_strings(raw), raw  # compact JSON by default
+
+
+def check_regex_gen(backend):
+    st = regex_gen.regex_gen.run(host="example.org", backend=backend)
+    assert re.fullmatch(regex_gen.IPV4, st["ip"]), st["ip"]
+    assert re.fullmatch(regex_gen.ISO_DATE, st["date"]), st["date"]
+
+
+def check_classify(backend):
+    st = classify.classify.run(review="Great screen, terrible battery.", backend=backend)
+    assert st["label"] in classify.LABELS
+    msgs = st.messages()
+    assert [m["role"] for m in msgs] == ["user", "assistant"]
+    assert msgs[1]["content"] == "Sentiment: " + st["label"]
+
+
+def check_parallel_decoding(backend):
+    st = parallel_decoding.tips.run(topic="sleeping well", n=3, backend=backend)
+    assert isinstance(st["tip"], list) and len(st["tip"]) == 3
+    assert all(isinstance(t, str) and "\n" not in t for t in st["tip"])
+    assert "\n" not in st["summary"]
+
+
+def check_parallel_encoding(backend):
+    docs = ["Cats purr.", "Dogs bark.", "Cows moo."]
+    st = parallel_encoding.answer_from_docs.run(docs=docs, question="Which animal barks?", backend=backend)
+    text = st.text()
+    positions = [text.index(f"Document {i + 1}: {d}") for i, d in enumerate(docs)]
+    assert positions == sorted(positions)
+    assert text.index("Question:") > positions[-1]
+
+
+def check_react(backend):
+    st = react.react.run(question="What is 2 + 2?", max_steps=2, backend=backend)
+    steps = st["steps"]
+    assert 1 <= steps <= 2
+    for i in range(1, steps + 1):
+        assert st[f"action_{i}"] in react.ACTIONS
+        assert re.fullmatch(r"[^\]\n]{1,40}", st[f"arg_{i}"])
+    if st[f"action_{steps}"] == "Finish":
+        assert st["answer"] == st[f"arg_{steps}"]
+
+
+def check_dtype_gen(backend):
+    st = dtype_gen.facts.run(thing="a dog", backend=backend)
+    assert re.fullmatch(sg.REGEX_INT, st["legs"]) and isinstance(st.value("legs"), int)
+    assert re.fullmatch(sg.REGEX_FLOAT, st["weight"]) and isinstance(st.value("weight"), float)
+    assert st["mammal"] in ("True", "False") and isinstance(st.value("mammal"), bool)
+    assert re.fullmatch(sg.REGEX_STR, st["name"]) and isinstance(st.value("name"), str)
+
+
+CASES = {name[len("check_"):]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+
+
+def run_suite_case(name: str, backend) -> None:
+    CASES[name](backend)
