@@ -78,7 +78,7 @@ class OpenAICompatBackend(ServerBackend):
 
     def _detect(self) -> tuple[str | None, Any]:
         version = self._server_version()
-        if self.model is None or self._tokenizer_path is None:
+        if self.model is None or (self.route == "completions" and self._tokenizer_path is None):
             body = self.http.get("/v1/models", what="list models")
             data = body.get("data") or []
             if not data:

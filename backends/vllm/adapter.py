@@ -80,10 +80,10 @@ class VLLMBackend(OpenAICompatBackend):
         new = self.structured_outputs
         if isinstance(spec, JsonSchemaSpec):
             if new:
-                so: dict[str, Any] = {"json": spec.schema_dict}
-                if spec.whitespace == "compact":
-                    so["disable_any_whitespace"] = True
-                return {"structured_outputs": so}
+                # whitespace: vLLM reads disable_any_whitespace from the *server* config only
+                # (a per-request value is silently ignored), so it is never sent; the launch
+                # recipe starts the server compact.
+                return {"structured_outputs": {"json": spec.schema_dict}}
             out: dict[str, Any] = {"guided_json": spec.schema_dict}
             if spec.whitespace == "compact":
                 out["guided_whitespace_pattern"] = ""

@@ -1,0 +1,5 @@
+"""llama.cpp server backend (``llama-cpp-python``): GBNF grammars, validated outputs."""
+
+from structgen.backends.llamacpp.adapter import LlamaCppBackend
+
+__all__ = ["LlamaCppBackend"]

@@ -1,0 +1,104 @@
+"""llama.cpp through ``llama-cpp-python``'s server: GBNF ``grammar`` on completions, logprobs.
+
+``python -m llama_cpp.server`` speaks OpenAI routes plus ``grammar`` (GBNF). It has no
+regex field and its schema conversion is loose, so every constraint is sent as structgen's
+own GBNF (:mod:`structgen.backends.llamacpp.gbnf`) and the output is checked afterwards
+against the original constraint (regex full match, schema validation): a value the
+grammar could not pin down exactly (e.g. an integer bound) fails as
+:class:`~structgen.errors.OutputValidationError` carrying the raw text, never silently.
+
+Grammars in Lark syntax have no GBNF translation here: a capability error. ``select`` is
+a constrained choice (the server computes prompt logprobs only with ``logits_all``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping
+
+import jsonschema
+
+from structgen.backend import Capabilities, GenerateRequest, GenerateResult
+from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
+from structgen.errors import CapabilityError, OutputValidationError
+
+from structgen.backends.llamacpp.gbnf import choices_to_gbnf, json_schema_to_gbnf, regex_to_gbnf
+from structgen.backends.openai.adapter import OpenAICompatBackend
+
+__all__ = ["LlamaCppBackend", "grammar_for"]
+
+
+def grammar_for(spec: ConstraintSpec, *, backend: str = "llamacpp", version: str | None = None) -> str:
+    if isinstance(spec, RegexSpec):
+        return regex_to_gbnf(spec.pattern)
+    if isinstance(spec, JsonSchemaSpec):
+        return json_schema_to_gbnf(spec.schema_dict)
+    if isinstance(spec, ChoiceSpec):
+        return choices_to_gbnf(spec.choices)
+    if isinstance(spec, GrammarSpec):
+        raise CapabilityError("Lark grammar constraints", backend=backend, version=version,
+                              hint="llama.cpp reads GBNF only")
+    raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints", backend=backend,
+                          version=version)
+
+
+class LlamaCppBackend(OpenAICompatBackend):
+    """A ``llama_cpp.server`` (llama-cpp-python) server; text prompts to ``/v1/completions``."""
+
+    name = "llamacpp"
+    route = "completions"
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any):
+        kw.setdefault("max_concurrency", 4)  # the server decodes one request at a time
+        super().__init__(base_url, **kw)
+        self._grammar_cache: dict[ConstraintSpec, str] = {}
+
+    def _server_version(self) -> str | None:
+        return None  # llama_cpp.server exposes no version route
+
+    def _capabilities_for(self, version: str | None) -> Capabilities:
+        return Capabilities(
+            regex=True, json_schema=True, grammar=False, choices=True, select="choice",
+            logprobs=False, prefix_cache=False, fork=True, tools=False, streaming=False,
+            chat_messages=False,
+            sampling=frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
+                                "seed", "frequency_penalty", "presence_penalty"}))
+
+    def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
+        grammar = self._grammar_cache.get(spec)
+        if grammar is None:
+            grammar = grammar_for(spec, backend=self.name, version=self.version)
+            if len(self._grammar_cache) < 256:
+                self._grammar_cache[spec] = grammar
+        return {"grammar": grammar}
+
+    def check_generate(self, request: GenerateRequest) -> None:
+        super().check_generate(request)
+        if request.constraint is not None:
+            self.constraint_fields(request.constraint)  # untranslatable -> raise before sending
+
+    def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
+        result = super().parse_text(request, body)
+        spec = request.constraint
+        if spec is None:
+            return result
+        truncated = result.finish_reason == "length"
+        where = {"program": request.program, "variable": request.variable}
+        if isinstance(spec, RegexSpec) and re.fullmatch(spec.pattern, result.text) is None:
+            raise OutputValidationError("output does not fully match the regex", raw=result.text,
+                                        errors=[spec.pattern], truncated=truncated, **where)
+        if isinstance(spec, ChoiceSpec) and result.text not in spec.choices:
+            raise OutputValidationError("output is none of the choices", raw=result.text,
+                                        truncated=truncated, **where)
+        if isinstance(spec, JsonSchemaSpec):
+            try:
+                value = json.loads(result.text)
+            except ValueError as exc:
+                raise OutputValidationError("output is not valid JSON", raw=result.text,
+                                            errors=[str(exc)], truncated=truncated, **where) from None
+            errors = [e.message for e in jsonschema.Draft202012Validator(spec.schema_dict).iter_errors(value)]
+            if errors:
+                raise OutputValidationError("output does not satisfy the JSON schema", raw=result.text,
+                                            errors=errors, truncated=truncated, **where)
+        return result
