@@ -1,0 +1,176 @@
+"""One generation in flight: sampling, constraint state, detokenization and stop checks.
+
+A :class:`GenSequence` knows nothing about the model. The decode loop feeds it logits
+(:meth:`pick`) and the chosen token (:meth:`accept`), and asks it for the constraint
+mask of the next step (:meth:`compute_mask`, safe to run in a worker thread while the
+model computes the next logits, since it touches only the matcher and the bitmask).
+
+Finishing rules (SGLang semantics): EOS (unless ``ignore_eos``), a stop token id, a
+stop string or stop regex (the text ends before the match), the constraint completing
+(its matcher stopped), or ``max_new_tokens`` (``finish_reason="length"``). Nothing but
+``max_new_tokens`` ends a sequence before ``min_new_tokens`` tokens. Under a constraint,
+EOS is allowed only where the matcher accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from structgen.backend import GenerateRequest, GenerateResult
+from structgen.backends.embedded.sampler import Sampler
+from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
+from structgen.constraints.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
+from structgen.errors import BackendError, ConstraintError
+
+__all__ = ["GenSequence"]
+
+
+class GenSequence:
+    def __init__(self, request: GenerateRequest, prompt_ids: Sequence[int], *,
+                 decode: Callable[[Sequence[int]], str], eos_ids: frozenset[int], vocab: int,
+                 compiled: Any = None, emit: Callable[[str], None] | None = None,
+                 token_text: Callable[[int], str] | None = None):
+        p = request.params
+        self.request = request
+        self.params = p
+        self.prompt_ids = list(prompt_ids)
+        self.out_ids: list[int] = []
+        self.eos_ids = eos_ids
+        self.stop_ids = frozenset(p.stop_token_ids)
+        self.vocab = vocab
+        self.sampler = Sampler(p, vocab)
+        self.stops = StopMatcher(p.stop, p.stop_regex)
+        self.detok = IncrementalDetokenizer(decode, self.prompt_ids)
+        self._emit = emit
+        self._token_text = token_text
+        self._emitted = 0
+        self.text: str | None = None  # final text, set when finished
+        self.finish_reason: str | None = None
+        self.matched: Any = None
+        self.logprobs: list[tuple[float, int, str | None]] = []
+        self.top_logprobs: list[list[tuple[float, int, str | None]]] = []
+        self.matcher = compiled.matcher() if compiled is not None else None
+        self.bitmask = allocate_token_bitmask(1, vocab) if compiled is not None else None
+        if p.max_new_tokens <= 0:
+            self._finish("length")
+        elif self.matcher is not None and self.matcher.is_stopped():
+            self._finish("stop", "constraint")
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def constrained(self) -> bool:
+        return self.matcher is not None
+
+    @property
+    def kv_ids(self) -> list[int]:
+        """The tokens whose KV the model has computed: the prompt and all but the last output."""
+        return self.prompt_ids + self.out_ids[:-1]
+
+    # -- one step -------------------------------------------------------------------
+    def compute_mask(self) -> None:
+        """Fill the bitmask for the next token (worker-thread safe: matcher and bitmask only)."""
+        if self.matcher is not None:
+            self.matcher.fill_bitmask(self.bitmask, 0)
+
+    def _banned(self) -> list[int]:
+        before_min = len(self.out_ids) < (self.params.min_new_tokens or 0)
+        banned: set[int] = set()
+        if before_min or self.params.ignore_eos:
+            banned |= self.eos_ids
+        if before_min:
+            banned |= self.stop_ids
+        if self.matcher is not None and not self.matcher.is_accepting():
+            banned |= self.eos_ids
+        return sorted(banned)
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """Choose the next token from ``logits`` (``[vocab]``, float32, CPU; modified)."""
+        p = self.params
+        raw = torch.log_softmax(logits, dim=-1) if p.return_logprob else None
+        if self.bitmask is not None:
+            apply_token_bitmask_inplace(logits, self.bitmask)
+        token = self.sampler.choose(logits, banned=self._banned())
+        if raw is not None:
+            self.logprobs.append((float(raw[token]), token, self._text_of(token)))
+            if p.top_logprobs_num:
+                top = torch.topk(raw, min(p.top_logprobs_num, raw.numel()))
+                self.top_logprobs.append([(float(v), int(t), self._text_of(int(t)))
+                                          for v, t in zip(top.values, top.indices)])
+        return token
+
+    def _text_of(self, token: int) -> str | None:
+        if self.params.return_text_in_logprobs and self._token_text is not None:
+            return self._token_text(token)
+        return None
+
+    def accept(self, token: int) -> bool:
+        """Append the chosen token; ``True`` when the sequence has finished."""
+        self.out_ids.append(token)
+        self.sampler.observe(token)
+        n = len(self.out_ids)
+        may_stop = n >= (self.params.min_new_tokens or 0)
+        is_eos = token in self.eos_ids and not self.params.ignore_eos
+        if self.matcher is not None and not (is_eos and self.matcher.is_accepting()):
+            if not self.matcher.consume(token):
+                raise BackendError(f"constraint rejected token {token}: {self.matcher.error()}",
+                                   backend="embedded")
+        if may_stop and is_eos:
+            return self._finish("stop", token)
+        if may_stop and token in self.stop_ids:
+            return self._finish("stop", token)
+        self.detok.push(token)
+        if may_stop and self.stops:
+            hit = self.stops.find(self.detok.text)
+            if hit is not None:
+                return self._finish("stop", hit[1], cut=hit[0])
+        if self.matcher is not None and self.matcher.is_stopped():
+            return self._finish("stop", "constraint")
+        if n >= self.params.max_new_tokens:
+            return self._finish("length")
+        text = self.detok.text
+        self._stream(text, self.stops.safe_len(text) if self.stops else len(text))
+        return False
+
+    # -- finishing --------------------------------------------------------------------
+    def _finish(self, reason: str, matched: Any = None, cut: int | None = None) -> bool:
+        if cut is None:
+            self.detok.flush()
+            text = self.detok.text
+            if self.stops and len(self.out_ids) >= (self.params.min_new_tokens or 0):
+                hit = self.stops.find(text)
+                if hit is not None:
+                    cut, matched, reason = hit[0], hit[1], "stop"
+        text = self.detok.text if cut is None else self.detok.text[:cut]
+        self.text = text
+        self.finish_reason = reason
+        self.matched = matched
+        self._stream(text, len(text))
+        return True
+
+    def _stream(self, text: str, upto: int) -> None:
+        if self._emit is not None and upto > self._emitted:
+            self._emit(text[self._emitted:upto])
+            self._emitted = upto
+
+    def result(self, meta: dict[str, Any]) -> GenerateResult:
+        if self.text is None or self.finish_reason is None:
+            raise BackendError("sequence has not finished", backend="embedded")
+        if self.matcher is not None and self.finish_reason == "stop" and self.matcher.error():
+            raise ConstraintError(f"constraint failed during generation: {self.matcher.error()}")
+        info: dict[str, Any] = {"type": self.finish_reason}
+        if self.finish_reason == "length":
+            info["length"] = len(self.out_ids)
+        elif self.matched is not None:
+            info["matched"] = self.matched
+        meta = {**meta, "completion_tokens": len(self.out_ids), "finish_reason": info}
+        if self.params.return_logprob:
+            meta["output_token_logprobs"] = list(self.logprobs)
+            if self.params.top_logprobs_num:
+                meta["output_top_logprobs"] = list(self.top_logprobs)
+        return GenerateResult(text=self.text, finish_reason=self.finish_reason,  # type: ignore[arg-type]
+                              meta=meta)
