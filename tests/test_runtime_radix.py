@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -346,3 +346,16 @@ TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = _settings
 TestRadixMachinePaged = RadixMachinePaged.TestCase
 TestRadixMachinePaged.settings = _settings
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.lists(st.integers(0, 1), max_size=40),
+       tokens=st.lists(st.integers(0, 1), max_size=40),
+       start=st.integers(0, 5), page=st.sampled_from([1, 3]))
+def test_edge_match_length_equals_naive_scan(key: list[int], tokens: list[int], start: int,
+                                             page: int) -> None:
+    start = min(start, len(tokens))
+    i = 0
+    while i < min(len(key), len(tokens) - start) and key[i] == tokens[start + i]:
+        i += 1
+    assert RadixCache(page)._match_len(tuple(key), tokens, start) == i - i % page

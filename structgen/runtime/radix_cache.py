@@ -159,9 +159,18 @@ class RadixCache:
     def _match_len(self, key: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
         """Tokens (a multiple of the page size) of ``key`` equal to ``tokens[start:]``."""
         n = min(len(key), len(tokens) - start)
-        i = 0
-        while i < n and key[i] == tokens[start + i]:
-            i += 1
+        seg = tuple(tokens[start:start + n])
+        if key[:n] == seg:
+            i = n
+        else:  # binary search on slice equality: C-speed compares, O(log n) of them
+            lo, hi = 0, n  # key[:lo] == seg[:lo] and key[:hi] != seg[:hi]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if key[:mid] == seg[:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            i = lo
         return i - i % self.page_size
 
     # -- insertion ---------------------------------------------------------------------------

@@ -161,6 +161,8 @@ class Scheduler:
 
     def _schedule_prefill(self, failed: list[Sequence]) -> list[BatchEntry]:
         cfg = self.config
+        if not self.waiting or len(self.running) >= cfg.max_running_seqs:
+            return []
         budget = cfg.max_prefill_tokens
         entries: list[BatchEntry] = []
         batch_tree = RadixCache(1) if cfg.in_batch_prefix_threshold else None
