@@ -210,6 +210,11 @@ class Backend(ABC):
         """The tokenizer's own chat template, for backends that take rendered text."""
         return None
 
+    def warm(self, prefix: str) -> None:
+        """Compute and cache ``prefix`` once, ahead of requests that all start with it
+        (a batch's shared system prompt and few-shot examples). Backends without a
+        prefix cache need not do anything. Must not raise for a transient failure."""
+
     def close(self) -> None:
         """Release resources (connections, servers, model memory)."""
 

@@ -22,6 +22,7 @@ from structgen.errors import ProgramError, StructgenError
 from structgen.registry import resolve
 from structgen.runner import Run, current_run
 from structgen.state import ProgramState, _Stream
+from structgen.tracer import common_prefix, trace_first_prompt
 
 __all__ = ["Program", "function", "program"]
 
@@ -187,6 +188,8 @@ class Program:
             self._execute(run, state, call_kwargs)
             return state
 
+        if len(items) > 1 and be.capabilities.prefix_cache:
+            self._warm_shared_prefix(items, kwargs, be)
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"structgen-{self.name}")
         futures = [pool.submit(one, item) for item in items]
         pool.shutdown(wait=False)
@@ -203,6 +206,29 @@ class Program:
                 print(file=sys.stderr)
 
         return gen() if generator_style else list(gen())
+
+    def shared_prefix(self, batch_kwargs: Iterable[dict[str, Any]], *,
+                      backend: Backend | str | None = None, **kwargs: Any) -> str:
+        """The text every item of a batch sends first (found by tracing, nothing sent),
+        cut after its last newline so the tokenization of the cut is stable."""
+        be = resolve(backend or self.backend)
+        prompts = []
+        for item in batch_kwargs:
+            prompt = trace_first_prompt(self, {**kwargs, **item}, be)
+            if prompt is None:
+                return ""
+            prompts.append(prompt)
+        prefix = common_prefix(prompts)
+        cut = prefix.rfind("\n")
+        return prefix[:cut + 1] if cut >= 0 else ""
+
+    def _warm_shared_prefix(self, items: list[dict[str, Any]], kwargs: dict[str, Any], be: Backend) -> None:
+        prefix = self.shared_prefix(items, backend=be, **kwargs)
+        if prefix:
+            try:
+                be.warm(prefix)
+            except StructgenError:
+                pass  # warming is an optimisation: the items run (and report) regardless
 
     def __repr__(self) -> str:
         return f"<structgen program {self.name}({', '.join(self.arg_names)})>"
