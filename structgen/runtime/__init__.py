@@ -3,7 +3,11 @@
 * :class:`BlockPool` -- fixed pool of KV block ids with ref counts (the KV budget).
 * :class:`RadixCache` -- radix tree of cached token prefixes owning KV blocks.
 * :class:`Sequence` -- one request's tokens, status, KV blocks and counters.
-* :class:`Scheduler` -- cache-aware continuous batching with eviction and preemption.
+* :class:`Scheduler` -- cache-aware continuous batching with eviction and preemption;
+  it returns a :class:`Batch` per forward pass and keeps :class:`SchedulerStats`.
+
+Errors are :class:`KVCacheError` (API misuse) and :class:`KVCapacityError` (a sequence
+larger than the whole pool), both :class:`structgen.errors.BackendError`.
 """
 
 from structgen.runtime.batch import Batch, BatchEntry

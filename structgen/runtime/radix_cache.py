@@ -135,6 +135,7 @@ class RadixCache:
         return self._walk(tokens, split=False)[1]
 
     def _walk(self, tokens: Sequence[int], *, split: bool) -> tuple[RadixNode, int, list[int]]:
+        """(node, matched length, blocks). Without ``split`` only the length is exact."""
         p = self.page_size
         node, pos, blocks = self.root, 0, []
         tick = self._tick() if split else 0
@@ -152,8 +153,6 @@ class RadixCache:
                 child.last_access = tick
             blocks.extend(child.blocks)
             node, pos = child, pos + m
-            if m < len(child.key):
-                break
         return node, pos, blocks
 
     def _match_len(self, key: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
