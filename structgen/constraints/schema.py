@@ -22,7 +22,7 @@ import referencing.jsonschema
 
 from structgen.errors import ConstraintError
 
-__all__ = ["check_schema", "error_path", "prepare_schema", "schema_validator"]
+__all__ = ["check_schema", "checked_schema", "error_path", "prepare_schema", "schema_validator"]
 
 
 def _no_retrieval(uri: str) -> referencing.Resource[Any]:
@@ -72,6 +72,13 @@ def prepare_schema(schema: Any) -> Any:
     Every compile path calls this exactly once per schema; a schema normaliser
     (``structgen.constraints.normalize.normalize(schema) -> schema``) goes here.
     """
+    from structgen.constraints.normalize import normalize
+
+    return normalize(checked_schema(schema))
+
+
+def checked_schema(schema: Any) -> Any:
+    """:func:`check_schema` plus the offline rule (no remote ``$ref``); returns ``schema``."""
     check_schema(schema)
     _reject_remote_refs(schema)
     return schema
