@@ -1,0 +1,220 @@
+"""Attention over a :class:`~structgen.backends.embedded.kv_pool.KVPool` for a packed batch.
+
+A forward batch packs every sequence's new tokens into one ``[T, heads, head_dim]``
+query tensor. :class:`AttentionPlan` (built once per forward, reused by every layer)
+says how each part attends:
+
+* **prefill** entries (several new tokens): causal SDPA of the chunk against the
+  sequence's slots (reused context + the chunk itself);
+* **decode** entries (one new token each), together in one batched product:
+
+  - *plain*: each sequence's slots are gathered (its own copy of any shared prefix)
+    into a padded ``[B, L, kv_heads, head_dim]`` tensor;
+  - *cascade* (shared prefix, as FlashInfer / Hydragen): when the decode sequences
+    start with the same ``P`` slots, all ``B * heads_per_kv`` queries attend to the
+    prefix K/V, read once, in one matmul per KV head; then each sequence attends to
+    its own suffix; the two partial softmaxes are merged by their log-sum-exp.
+    The result equals the plain path up to float rounding.
+
+GQA: query head ``h`` uses KV head ``h // (heads // kv_heads)``, as transformers'
+``repeat_kv``. Softmax statistics are float32 whatever the KV dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from structgen.backends.embedded.kv_pool import KVPool, SlotRange
+
+__all__ = [
+    "AttentionPlan", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
+    "attend_shared", "merge_partials", "run_attention",
+]
+
+
+# -- kernels (pure tensor functions) -----------------------------------------------------
+def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                  scale: float) -> torch.Tensor:
+    """Causal attention of ``q`` ``[n, H, D]`` at positions ``start..start+n-1`` to
+    ``k``/``v`` ``[start+n, KV, D]`` (positions ``0..start+n-1``). Returns ``[n, H, D]``."""
+    n, length = q.shape[0], k.shape[0]
+    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    if start == 0:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
+                                             enable_gqa=True)
+    else:
+        qpos = torch.arange(start, start + n, device=q.device)
+        mask = torch.arange(length, device=q.device)[None, :] <= qpos[:, None]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
+                                             enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query per sequence against its own keys: ``q`` ``[B, H, D]``, ``k``/``v``
+    ``[B, L, KV, D]``, ``mask`` ``[B, L]`` (True = attend) or None.
+
+    Returns the normalized output ``[B, H, D]`` and its log-sum-exp ``[B, H]`` (float32).
+    """
+    b, h, d = q.shape
+    kv = k.shape[2]
+    q4 = q.view(b, kv, h // kv, d)
+    s = torch.matmul(q4, k.permute(0, 2, 3, 1)).float() * scale        # [B, KV, G, L]
+    if mask is not None:
+        s = s.masked_fill(~mask[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).to(v.dtype)
+    out = torch.matmul(p, v.transpose(1, 2))                             # [B, KV, G, D]
+    return out.reshape(b, h, d), lse.reshape(b, h)
+
+
+def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query against the same keys (a shared prefix), read once.
+
+    ``q`` ``[B, H, D]``, ``k``/``v`` ``[P, KV, D]``. The queries of all ``B`` sequences
+    that use KV head ``j`` are stacked into one ``[B * H/KV, D]`` matrix and multiplied
+    by that head's keys: one matmul per KV head for the whole batch. Returns
+    ``[B, H, D]`` and the log-sum-exp ``[B, H]`` (float32).
+    """
+    b, h, d = q.shape
+    kv = k.shape[1]
+    g = h // kv
+    qs = q.view(b, kv, g, d).transpose(0, 1).reshape(kv, b * g, d)       # [KV, B*G, D]
+    s = torch.matmul(qs, k.permute(1, 2, 0)).float() * scale             # [KV, B*G, P]
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).to(v.dtype)
+    out = torch.matmul(p, v.transpose(0, 1))                             # [KV, B*G, D]
+    out = out.view(kv, b, g, d).transpose(0, 1).reshape(b, h, d)
+    return out, lse.view(kv, b, g).transpose(0, 1).reshape(b, h)
+
+
+def merge_partials(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
+                   l2: torch.Tensor) -> torch.Tensor:
+    """Merge two normalized partial attentions over disjoint keys by log-sum-exp."""
+    m = torch.maximum(l1, l2)
+    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
+    w = (w1 + w2)[..., None]
+    return ((o1.float() * w1[..., None] + o2.float() * w2[..., None]) / w).to(o1.dtype)
+
+
+# -- the per-forward plan ---------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillItem:
+    """Queries ``rows`` (a slice of the packed tokens) at positions ``start..``."""
+
+    rows: slice
+    start: int
+    slots: SlotRange  # every slot of the sequence up to the chunk's last token
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The decode tokens (``rows`` of the packed batch) and how they read KV."""
+
+    rows: torch.Tensor           # [B] packed row of each decode token
+    index: torch.Tensor | None   # [B, L] gather index (suffix only when cascading)
+    mask: torch.Tensor | None    # [B, L] valid keys, or None when nothing is padded
+    single: SlotRange | None     # B == 1 and no cascade: read this range directly
+    prefix: SlotRange | None     # the shared prefix (cascade), else None
+
+    @property
+    def cascade(self) -> bool:
+        return self.prefix is not None
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    prefill: tuple[PrefillItem, ...]
+    decode: DecodePlan | None
+
+    @classmethod
+    def build(cls, rows: list[slice], slots: list[torch.Tensor], device: torch.device,
+              cascade: bool | None = None, min_shared: int = 32) -> AttentionPlan:
+        """Plan a batch: entry ``i`` has queries ``rows[i]`` and KV ``slots[i]`` (CPU long
+        tensor of all its slots, positions ``0..``). ``cascade``: None = when the decode
+        entries share at least ``min_shared`` leading slots; True/False force it."""
+        prefill: list[PrefillItem] = []
+        dec_rows: list[int] = []
+        dec_slots: list[torch.Tensor] = []
+        for r, s in zip(rows, slots):
+            n = r.stop - r.start
+            if n == 1:
+                dec_rows.append(r.start)
+                dec_slots.append(s)
+            else:
+                prefill.append(PrefillItem(r, len(s) - n, SlotRange.of(s.to(device))))
+        decode = cls._plan_decode(dec_rows, dec_slots, device, cascade, min_shared)
+        return cls(tuple(prefill), decode)
+
+    @staticmethod
+    def _plan_decode(rows: list[int], slots: list[torch.Tensor], device: torch.device,
+                     cascade: bool | None, min_shared: int) -> DecodePlan | None:
+        if not rows:
+            return None
+        b = len(rows)
+        shared = _shared_prefix_len(slots) if b > 1 and cascade is not False else 0
+        use_cascade = shared > 0 and (cascade is True or shared >= min_shared)
+        prefix = SlotRange.of(slots[0][:shared].to(device)) if use_cascade else None
+        own = [s[shared:] for s in slots] if use_cascade else slots
+        row_t = torch.tensor(rows, dtype=torch.long, device=device)
+        if b == 1 and not use_cascade:
+            return DecodePlan(row_t, None, None, SlotRange.of(own[0].to(device)), None)
+        lens = [len(s) for s in own]
+        width = max(lens)
+        index = torch.zeros(b, width, dtype=torch.long)
+        for i, s in enumerate(own):
+            index[i, :len(s)] = s
+        mask = None
+        if min(lens) != width:
+            mask = torch.arange(width)[None, :] < torch.tensor(lens)[:, None]
+            mask = mask.to(device)
+        return DecodePlan(row_t, index.to(device), mask, None, prefix)
+
+
+def _shared_prefix_len(slots: list[torch.Tensor]) -> int:
+    """Leading slots common to every decode sequence (never its own last token)."""
+    n = min(len(s) for s in slots) - 1
+    if n <= 0:
+        return 0
+    mat = torch.stack([s[:n] for s in slots])
+    same = (mat == mat[0]).all(dim=0)
+    if bool(same.all()):
+        return n
+    return int((~same).nonzero()[0, 0])
+
+
+def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan,
+                  scale: float) -> torch.Tensor:
+    """Attention output ``[T, H, D]`` for the packed queries ``q`` ``[T, H, D]``.
+
+    The new tokens' K/V must already be written to ``pool`` at their slots.
+    """
+    out = torch.empty_like(q)
+    for item in plan.prefill:
+        k, v = pool.read(layer, item.slots)
+        out[item.rows] = attend_causal(q[item.rows], k, v, item.start, scale)
+    dec = plan.decode
+    if dec is None:
+        return out
+    qd = q.index_select(0, dec.rows)
+    if dec.single is not None:
+        k, v = pool.read(layer, dec.single)
+        o, _ = attend_padded(qd, k[None], v[None], None, scale)
+    else:
+        assert dec.index is not None  # built by AttentionPlan._plan_decode
+        b, width = dec.index.shape
+        flat = dec.index.reshape(-1)
+        k = pool.k[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
+        v = pool.v[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
+        o, lse = attend_padded(qd, k, v, dec.mask, scale)
+        if dec.prefix is not None:
+            kp, vp = pool.read(layer, dec.prefix)
+            op, lsep = attend_shared(qd, kp, vp, scale)
+            o = merge_partials(op, lsep, o, lse)
+    out.index_copy_(0, dec.rows, o)
+    return out
