@@ -150,3 +150,27 @@ def test_prefix_is_sent_once_first_for_a_group():
     payloads = rec.payloads("/generate")
     assert payloads[0] == {"text": shared + "item ", "sampling_params": {"max_new_tokens": 0, "temperature": 0}}
     assert len(payloads) == 4 and b.stats()["warm_prefixes"] == 1
+
+
+# -- live: only where a server runs (backends/sglang/gpu_check.sh on a GPU machine) ----------
+LIVE_URL = __import__("os").environ.get("STRUCTGEN_SGLANG_URL")
+live = pytest.mark.skipif(not LIVE_URL, reason="no live SGLang server (set STRUCTGEN_SGLANG_URL; "
+                                              "see backends/sglang/gpu_check.sh)")
+
+
+@pytest.mark.server
+@live
+def test_live_constraints_and_select():
+    import jsonschema
+
+    b = SGLangBackend(LIVE_URL)
+    out = b.generate([GenerateRequest(prompt="Name: ", constraint=json_schema_spec(SCHEMA)),
+                      GenerateRequest(prompt="Code: ", constraint=RegexSpec(r"[A-Z]{3}-\d{2}")),
+                      GenerateRequest(prompt="Pick: ", constraint=ChoiceSpec(("left", "right")))])
+    jsonschema.validate(__import__("json").loads(out[0].text), SCHEMA)
+    assert re.fullmatch(r"[A-Z]{3}-\d{2}", out[1].text) and out[2].text in ("left", "right")
+    [sel] = b.select([SelectRequest(prompt="The sky is", choices=(" blue", " green"), need_unconditional=True)])
+    assert len(sel.input_token_logprobs) == 2 and all(sel.input_token_logprobs)
+    if b.capabilities.grammar:
+        [g] = b.generate([GenerateRequest(prompt="x", constraint=GrammarSpec('start: "ab" /[0-9]{2}/'))])
+        assert re.fullmatch(r"ab[0-9]{2}", g.text)

@@ -99,3 +99,27 @@ def test_version_route_missing_is_fine():
     rec = Recorder({"GET /v1/models": {"data": [{"id": "llama"}]}})
     b = TRTLLMBackend("http://127.0.0.1:8000", max_retries=0, **rec.transports())
     assert b.version is None and b.capabilities.json_schema
+
+
+# -- live: only where a server runs (backends/trtllm/gpu_check.sh on a GPU machine) ----------
+LIVE_URL = __import__("os").environ.get("STRUCTGEN_TRTLLM_URL")
+live = pytest.mark.skipif(not LIVE_URL, reason="no live trtllm-serve (set STRUCTGEN_TRTLLM_URL; "
+                                              "see backends/trtllm/gpu_check.sh)")
+
+
+@pytest.mark.server
+@live
+def test_live_constraints_and_select():
+    import json
+    import os
+    import re
+
+    import jsonschema
+
+    b = TRTLLMBackend(LIVE_URL, guided_decoding_backend=os.environ.get("STRUCTGEN_TRTLLM_GUIDED", "xgrammar"))
+    out = b.generate([GenerateRequest(prompt="Count: ", constraint=json_schema_spec(SCHEMA)),
+                      GenerateRequest(prompt="Code: ", constraint=RegexSpec(r"[A-Z]{3}-\d{2}"))])
+    jsonschema.validate(json.loads(out[0].text), SCHEMA)
+    assert re.fullmatch(r"[A-Z]{3}-\d{2}", out[1].text)
+    [sel] = b.select([SelectRequest(prompt="The sky is", choices=("blue", "green"))])
+    assert sel.index in (0, 1)

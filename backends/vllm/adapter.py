@@ -62,8 +62,10 @@ class VLLMBackend(OpenAICompatBackend):
         return str(body.get("version")) if isinstance(body, Mapping) else None
 
     def _capabilities_for(self, version: str | None) -> Capabilities:
+        v = parse_version(version)
+        lark = not v or v >= STRUCTURED_OUTPUTS_SINCE  # older servers read EBNF grammars only
         return Capabilities(
-            regex=True, json_schema=True, grammar=True, choices=True, select="logprobs",
+            regex=True, json_schema=True, grammar=lark, choices=True, select="logprobs",
             logprobs=True, prefix_cache=True, fork=True, tools=False, streaming=False,
             chat_messages=False,
             sampling=frozenset({"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
