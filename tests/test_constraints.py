@@ -632,6 +632,22 @@ def test_torch_and_numpy_masks_agree_and_apply(compiler, tokenizer):
     assert {tokenizer.decode([int(t)]) for t in allowed} >= {"yes", "no"}
 
 
+def test_accelerator_unpacking_path_agrees_with_cpu_path():
+    import torch
+
+    from structgen.constraints.bitmask import _apply_table, _apply_unpacked
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.randint(-2**31, 2**31 - 1, (3, 40), dtype=torch.int32, generator=gen)
+    a, b = torch.zeros(3, 1270), torch.zeros(3, 1270)
+    _apply_unpacked(a, mask, 1270)
+    _apply_table(b, mask, 1270)
+    assert torch.equal(a, b)
+    for row in range(3):
+        expected = [t for t in range(1270) if (int(mask[row, t // 32]) >> (t % 32)) & 1]
+        assert torch.nonzero(torch.isfinite(a[row])).flatten().tolist() == expected
+
+
 def test_fill_bitmask_misuse_raises(compiler):
     import torch
 

@@ -100,16 +100,27 @@ def allowed_token_ids(bitmask: Any, index: int = 0, vocab_size: int | None = Non
     return np.flatnonzero(bits)
 
 
-_SHIFTS: dict[Any, Any] = {}
+_BIT_TABLES: dict[Any, Any] = {}  # device -> [256, 8] bool: bit j of byte b
+
+
+def _bit_table(device: Any) -> Any:
+    table = _BIT_TABLES.get(device)
+    if table is None:
+        import torch
+
+        bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+        table = _BIT_TABLES.setdefault(device, torch.from_numpy(bits.astype(bool)).to(device))
+    return table
 
 
 def apply_token_bitmask_inplace(logits: Any, bitmask: Any) -> None:
     """Set disallowed logits to ``-inf`` in place (torch tensors; any device).
 
     ``logits`` is ``[batch, vocab]`` or ``[vocab]``; ``bitmask`` is ``[batch, words]`` or
-    ``[words]`` (copied to the logits' device if needed). Logit columns beyond the mask's
-    ``32 * words`` are disallowed; mask bits beyond the logits' width are ignored.
-    A plain tensor expression (no ``torch.compile``), so no warm-up cost on CPU.
+    ``[words]``. Logit columns beyond the mask's ``32 * words`` are disallowed; mask bits
+    beyond the logits' width are ignored. No ``torch.compile`` (no warm-up): on CPU the
+    bits are unpacked with numpy (~0.2 ms for 49k tokens); on an accelerator the mask is
+    copied there (4 bytes per 32 tokens) and unpacked with a 256-entry lookup table.
     """
     import torch
 
@@ -123,16 +134,33 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any) -> None:
         raise ValueError("logits must be [batch, vocab] and bitmask [batch, words]")
     if logits.shape[0] != bitmask.shape[0]:
         raise ValueError(f"batch size mismatch: logits {logits.shape[0]}, bitmask {bitmask.shape[0]}")
-    device = logits.device
-    if bitmask.device != device:
-        bitmask = bitmask.to(device, non_blocking=True)
-    shifts = _SHIFTS.get(device)
-    if shifts is None:
-        shifts = _SHIFTS.setdefault(device, torch.arange(32, dtype=torch.int32, device=device))
     vocab = logits.shape[1]
     cutoff = 32 * bitmask.shape[1]
     if vocab > cutoff:
         logits[:, cutoff:] = float("-inf")
     n = min(vocab, cutoff)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], cutoff)[:, :n]
+    if logits.device.type == "cpu":
+        _apply_unpacked(logits, bitmask, n)
+    else:
+        _apply_table(logits, bitmask, n)
+
+
+def _apply_unpacked(logits: Any, bitmask: Any, n: int) -> None:
+    """CPU: unpack the bits with numpy (bit ``t % 32`` of word ``t // 32``, any byte order)."""
+    import torch
+
+    packed = bitmask.cpu().contiguous().numpy().astype("<i4", copy=False).view(np.uint8)
+    allowed = torch.from_numpy(np.unpackbits(packed, axis=1, count=n, bitorder="little"))
     logits[:, :n].masked_fill_(allowed == 0, float("-inf"))
+
+
+def _apply_table(logits: Any, bitmask: Any, n: int) -> None:
+    """Any device: copy the packed mask there and unpack it with a byte lookup table."""
+    import torch
+
+    device = logits.device
+    if bitmask.device != device:
+        bitmask = bitmask.to(device, non_blocking=True)
+    packed = bitmask.contiguous().view(torch.uint8).long()
+    allowed = _bit_table(device)[packed].reshape(bitmask.shape[0], -1)[:, :n]
+    logits[:, :n].masked_fill_(~allowed, float("-inf"))
