@@ -237,6 +237,21 @@ class ServerBackend(Backend):
                     flows.append(flow)
         return flows
 
+    def warm(self, prefix: str) -> None:
+        """Put ``prefix`` into the engine's prefix cache once (``run_batch`` calls this with
+        the batch's traced shared prefix). Never raises: warming is an optimisation."""
+        if not prefix or not self.warm_prefix:
+            return
+        try:
+            if not self.capabilities.prefix_cache:
+                return
+            flow = self._warm_flow(prefix)
+            if flow is not None:
+                self._stats["warm_prefixes"] += 1
+                self._drive(flow)
+        except Exception as exc:  # noqa: BLE001 - the real requests will report failures
+            log.debug("%s: prefix warm-up failed: %s", self.name, exc)
+
     def _run_one(self, i: int, req: GenerateRequest,
                  on_text: TextCallback | None) -> GenerateResult | StructgenError:
         self._stats["requests"] += 1

@@ -206,3 +206,14 @@ def test_server_backend_declares_capabilities_per_instance():
     assert isinstance(b.capabilities, Capabilities) and b.capabilities.chat_messages
     assert b.version == "v1"
     assert SamplingParams().set_fields() <= b.capabilities.sampling
+
+
+def test_engine_backends_are_registered_entry_points():
+    from importlib.metadata import entry_points
+
+    names = {ep.name: ep.value for ep in entry_points(group="structgen.backends")}
+    for name, cls in [("openai", "OpenAIBackend"), ("vllm", "VLLMBackend"), ("sglang", "SGLangBackend"),
+                      ("trtllm", "TRTLLMBackend"), ("triton", "TritonBackend"), ("llamacpp", "LlamaCppBackend")]:
+        assert names.get(name) == f"structgen.backends.{name}:{cls}", names
+        module, _, attr = names[name].partition(":")
+        assert getattr(__import__(module, fromlist=[attr]), attr).name == name

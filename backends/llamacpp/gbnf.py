@@ -52,10 +52,12 @@ def gbnf_literal(text: str) -> str:
 
 
 def _class_char(code: int) -> str:
+    """One character inside ``[...]``. llama.cpp knows only a few escapes (backslash,
+    quote, brackets, tab, CR, LF, hex, unicode), so ``-`` and ``^`` are written in hex."""
     ch = chr(code)
-    if ch in "]\\^-[":
+    if ch in "]\\[":
         return "\\" + ch
-    if code < 0x20 or code == 0x7F:
+    if ch in "-^" or code < 0x20 or code == 0x7F:
         return f"\\x{code:02X}"
     return ch
 

@@ -25,7 +25,7 @@ def argv(model_dir: str, port: int, *, name: str = "tiny", max_model_len: int = 
     return [str(exe), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
             "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(kv_bytes),
-            "--served-model-name", name, "--enforce-eager",
+            "--served-model-name", name, "--enforce-eager", "--block-size", "32",
             "--structured-outputs-config",
             json.dumps({"backend": structured_backend, "disable_any_whitespace": True,
                         "disable_additional_properties": True})]
