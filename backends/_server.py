@@ -277,8 +277,11 @@ class ServerBackend(Backend):
                 done.result()
             except Exception as exc:  # noqa: BLE001 - the real requests will report it
                 log.debug("%s: prefix warm-up failed: %s", self.name, exc)
-        futures = [pool.submit(self._run_one, i, r, on_text) for i, r in enumerate(requests)]
-        return [f.result() for f in futures]
+        # submit related requests together (same group, then prompts sorted so shared
+        # prefixes are adjacent): the engine's prefix cache sees them back to back
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].group or "", requests[i].prompt))
+        futures = {i: pool.submit(self._run_one, i, requests[i], on_text) for i in order}
+        return [futures[i].result() for i in range(len(requests))]
 
     async def agenerate(self, requests: Sequence[GenerateRequest], *,
                         on_text: TextCallback | None = None) -> list[GenerateResult | StructgenError]:

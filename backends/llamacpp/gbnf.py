@@ -179,6 +179,10 @@ def _regex_body(pattern: str) -> str:
         tree = sre_parse.parse(pattern)
     except Exception as exc:  # noqa: BLE001 - re.error and friends
         raise ConstraintError(f"malformed regex: {exc}", constraint=pattern) from exc
+    flags = tree.state.flags
+    if flags & (sre_c.SRE_FLAG_IGNORECASE | sre_c.SRE_FLAG_DOTALL | sre_c.SRE_FLAG_LOCALE):
+        raise ConstraintError("regex flags (?i) / (?s) / (?L) are not supported for llama.cpp grammars",
+                              constraint=pattern)
     return _regex_seq(list(tree), pattern)
 
 
