@@ -9,23 +9,49 @@ an engine's ``return_logprob``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 import torch
 
 from structgen.backend import SamplingParams
 
-__all__ = ["Sampler", "unpack_bitmask"]
-
-_BITS = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32)
+__all__ = ["Sampler", "TokenMask", "token_mask"]
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """A bool ``[vocab]`` tensor from one int32 bitmask row (bit ``t%32`` of word ``t//32``)."""
-    bits = (bitmask.reshape(-1, 1) & _BITS) != 0
-    flat = bits.reshape(-1)
-    if flat.numel() >= vocab:
-        return flat[:vocab]
-    return torch.cat([flat, torch.zeros(vocab - flat.numel(), dtype=torch.bool)])
+
+@dataclass(frozen=True)
+class TokenMask:
+    """One step's constraint mask as token indices: the allowed ones when they are fewer,
+    else the disallowed ones, so applying it touches few entries."""
+
+    allowed: np.ndarray | None = None
+    disallowed: np.ndarray | None = None
+
+    def apply(self, logits: np.ndarray) -> None:
+        if self.allowed is not None:
+            keep = logits[self.allowed]
+            logits.fill(-np.inf)
+            logits[self.allowed] = keep
+        elif self.disallowed is not None and self.disallowed.size:
+            logits[self.disallowed] = -np.inf
+
+
+def token_mask(bitmask: Any, vocab: int) -> TokenMask:
+    """The :class:`TokenMask` of one int32 bitmask row (bit ``t%32`` of word ``t//32``).
+
+    numpy, single-threaded (~50 us; meant for the mask worker thread). torch elementwise
+    kernels would pay an OpenMP barrier every step -- milliseconds on a busy CPU.
+    """
+    row = bitmask.numpy() if hasattr(bitmask, "numpy") else np.asarray(bitmask)
+    bits = np.unpackbits(np.ascontiguousarray(row, dtype=np.int32).reshape(-1).view(np.uint8),
+                         bitorder="little")[:vocab]
+    allowed = np.flatnonzero(bits)
+    if allowed.size <= vocab // 2:
+        return TokenMask(allowed=allowed)
+    return TokenMask(disallowed=np.flatnonzero(bits == 0) if bits.size == vocab else
+                     np.concatenate([np.flatnonzero(bits == 0), np.arange(bits.size, vocab)]))
 
 
 @dataclass
@@ -43,28 +69,31 @@ class Sampler:
         if p.seed is not None and self.generator is None:
             self.generator = torch.Generator().manual_seed(int(p.seed))
 
-    def choose(self, logits: torch.Tensor, allowed: torch.Tensor | None = None,
+    def choose(self, logits: torch.Tensor, mask: TokenMask | None = None,
                banned: list[int] | None = None) -> int:
         """Pick the next token from ``logits`` ``[vocab]`` (float32, CPU, modified in place).
 
-        ``allowed`` is the constraint's bool mask; ``banned`` lists token ids forbidden
-        this step (EOS before ``min_new_tokens``, EOS while a constraint is incomplete).
+        ``mask`` is the constraint's mask (:func:`token_mask`); ``banned`` lists
+        token ids forbidden this step (EOS before ``min_new_tokens`` or with ``ignore_eos``).
+        The per-step work is numpy on a view of ``logits`` (no torch kernel launches).
         """
         p = self.params
+        arr = logits.numpy()
         if self._counts is not None:
+            counts = self._counts.numpy()
             if p.frequency_penalty:
-                logits -= p.frequency_penalty * self._counts
+                arr -= p.frequency_penalty * counts
             if p.presence_penalty:
-                logits -= p.presence_penalty * (self._counts > 0).float()
-        if allowed is not None:
-            logits.masked_fill_(~allowed, float("-inf"))
+                arr -= p.presence_penalty * (counts > 0)
+        if mask is not None:
+            mask.apply(arr)
         if banned:  # unless that leaves nothing (then the constraint / EOS must win)
-            saved = logits[banned].clone()
-            logits[banned] = float("-inf")
-            if not bool(torch.isfinite(logits).any()):
-                logits[banned] = saved
+            saved = arr[banned].copy()
+            arr[banned] = -np.inf
+            if arr.max() == -np.inf:
+                arr[banned] = saved
         if not p.temperature or p.temperature <= 0:
-            return int(torch.argmax(logits))
+            return int(arr.argmax())
         logits /= p.temperature
         if p.top_k is not None and 0 < p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]

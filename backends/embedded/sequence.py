@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from structgen.backend import GenerateRequest, GenerateResult
-from structgen.backends.embedded.sampler import Sampler
+from structgen.backends.embedded.sampler import Sampler, TokenMask, token_mask
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
-from structgen.constraints.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
+from structgen.constraints.bitmask import allocate_token_bitmask
 from structgen.errors import BackendError, ConstraintError
 
 __all__ = ["GenSequence"]
@@ -53,6 +53,7 @@ class GenSequence:
         self.top_logprobs: list[list[tuple[float, int, str | None]]] = []
         self.matcher = compiled.matcher() if compiled is not None else None
         self.bitmask = allocate_token_bitmask(1, vocab) if compiled is not None else None
+        self._mask: TokenMask | None = None  # the next step's mask, unpacked by compute_mask
         if p.max_new_tokens <= 0:
             self._finish("length")
         elif self.matcher is not None and self.matcher.is_stopped():
@@ -76,6 +77,7 @@ class GenSequence:
         """Fill the bitmask for the next token (worker-thread safe: matcher and bitmask only)."""
         if self.matcher is not None:
             self.matcher.fill_bitmask(self.bitmask, 0)
+            self._mask = token_mask(self.bitmask[0], self.vocab)
 
     def _banned(self) -> list[int]:
         before_min = len(self.out_ids) < (self.params.min_new_tokens or 0)
@@ -84,17 +86,13 @@ class GenSequence:
             banned |= self.eos_ids
         if before_min:
             banned |= self.stop_ids
-        if self.matcher is not None and not self.matcher.is_accepting():
-            banned |= self.eos_ids
-        return sorted(banned)
+        return sorted(banned)  # under a constraint, its mask allows EOS only where it accepts
 
     def pick(self, logits: torch.Tensor) -> int:
         """Choose the next token from ``logits`` (``[vocab]``, float32, CPU; modified)."""
         p = self.params
         raw = torch.log_softmax(logits, dim=-1) if p.return_logprob else None
-        if self.bitmask is not None:
-            apply_token_bitmask_inplace(logits, self.bitmask)
-        token = self.sampler.choose(logits, banned=self._banned())
+        token = self.sampler.choose(logits, self._mask, self._banned())
         if raw is not None:
             self.logprobs.append((float(raw[token]), token, self._text_of(token)))
             if p.top_logprobs_num:
