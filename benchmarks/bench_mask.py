@@ -13,7 +13,6 @@ import argparse
 import random
 import statistics
 import time
-from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,7 +29,7 @@ class Person(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=30)
     age: int = Field(ge=0, le=150)
-    email: Optional[str] = None
+    email: str | None = None
     tags: list[str] = Field(max_length=5)
     address: Address
     scores: list[float] = Field(max_length=8)
@@ -47,8 +46,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-
     from structgen.backends.embedded.loader import load_tokenizer
+
     from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids, apply_token_bitmask_inplace
     from structgen.constraints.compiler import CompileCache, compiler_for
     from structgen.constraints.spec import json_schema_spec

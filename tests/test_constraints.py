@@ -13,7 +13,7 @@ import random
 import re
 import threading
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -166,7 +166,7 @@ class Person(BaseModel):
     color: Color
     tags: list[str] = Field(max_length=3)
     address: Address
-    nickname: Optional[str] = None
+    nickname: str | None = None
     score: float
 
 
@@ -286,8 +286,8 @@ def test_lark_grammar_walk(compiler, lltok, structural):
     (json_schema_spec(NESTED), '{"id":7,"meta":{"ok":true,"note":null}}'),
     (json_schema_spec(REFS), '{"a":{"x":1.5,"y":-2},"path":[{"x":0,"y":0}]}'),
     (json_schema_spec(Person),
-     '{"name":"Ada","age":36,"color":"green","tags":["x","y"],'
-     '"address":{"street":"Main St","zip":"12345"},"nickname":null,"score":9.5}'),
+     ('{"name":"Ada","age":36,"color":"green","tags":["x","y"],'
+      '"address":{"street":"Main St","zip":"12345"},"nickname":null,"score":9.5}')),
     (ChoiceSpec(("apple pie", "banana")), "apple pie"),
 ])
 def test_known_tokenization_is_allowed_token_by_token(compiler, tokenizer, spec, text):

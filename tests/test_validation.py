@@ -6,7 +6,7 @@ import json
 import re
 import socket
 import urllib.request
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -26,7 +26,7 @@ class Item(BaseModel):
 class Order(BaseModel):
     id: int
     items: list[Item]
-    note: Optional[str] = None
+    note: str | None = None
 
 
 class Shouty(BaseModel):

@@ -19,8 +19,9 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler
 from structgen.constraints.llguidance_engine import LLGuidanceCompiled, LLGuidanceCompiler
@@ -141,7 +142,7 @@ def default_cache() -> CompileCache:
     return _DEFAULT_CACHE
 
 
-_fingerprints: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_fingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _fingerprint_ids: dict[int, tuple[Any, str]] = {}  # tokenizers that cannot be weakly referenced
 _engines: dict[tuple[str, int | None, int | None], LLGuidanceCompiler] = {}
 _compilers: dict[tuple[str, int | None, int | None], CachingCompiler] = {}  # default cache only

@@ -26,7 +26,7 @@ __all__ = ["check_schema", "checked_schema", "error_path", "prepare_schema", "sc
 
 
 def _no_retrieval(uri: str) -> referencing.Resource[Any]:
-    raise referencing.exceptions.NoSuchResource(ref=uri)
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 def _validator_class(schema: Any) -> type[Any]:
