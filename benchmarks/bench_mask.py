@@ -1,6 +1,6 @@
 """Mask time per token on JSON-schema random walks with the SmolLM2 tokenizer.
 
-    /work/venv/bin/python benchmarks/bench_mask.py [--walks 40] [--seed 0]
+    /work/venv/bin/python benchmarks/bench_mask.py [--walks 40] [--seed 0] [--threads 1]
 
 Reports p50 / p90 / p99 / max of ``Matcher.fill_bitmask`` (one row, torch int32 CPU
 bitmask), of ``consume``, and of ``apply_token_bitmask_inplace`` on a [1, vocab] float32
@@ -10,6 +10,7 @@ logits row, plus the compile time (cold, then cached).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -43,9 +44,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--walks", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
 
     import torch
+
+    torch.set_num_threads(args.threads)
     from structgen.backends.embedded.loader import load_tokenizer
 
     from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids, apply_token_bitmask_inplace
@@ -107,7 +111,7 @@ def main() -> None:
         print(f"{name:14s} n={len(values):5d}  p50={pct(values, 50):8.1f} us  p90={pct(values, 90):8.1f} us  "
               f"p99={pct(values, 99):8.1f} us  max={max(values):8.1f} us  mean={statistics.fmean(values):8.1f} us")
     print(f"{args.walks} walks, {tokens_total} tokens, vocab {compiler.vocab_size}, "
-          f"torch threads {torch.get_num_threads()}")
+          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":
