@@ -31,7 +31,7 @@ from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 
 __all__ = [
     "AttentionPlan", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
-    "attend_shared", "merge_partials", "run_attention",
+    "attend_sdpa", "attend_shared", "merge_partials", "run_attention",
 ]
 
 
@@ -59,17 +59,32 @@ def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     ``[B, L, KV, D]``, ``mask`` ``[B, L]`` (True = attend) or None.
 
     Returns the normalized output ``[B, H, D]`` and its log-sum-exp ``[B, H]`` (float32).
+    One ``bmm`` per KV head reads ``k[:, :, j]`` in place (strided, never copied).
     """
     b, h, d = q.shape
     kv = k.shape[2]
     q4 = q.view(b, kv, h // kv, d)
-    s = torch.matmul(q4, k.permute(0, 2, 3, 1)).float() * scale        # [B, KV, G, L]
-    if mask is not None:
-        s = s.masked_fill(~mask[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).to(v.dtype)
-    out = torch.matmul(p, v.transpose(1, 2))                             # [B, KV, G, D]
-    return out.reshape(b, h, d), lse.reshape(b, h)
+    neg = None if mask is None else ~mask[:, None, :]
+    outs, lses = [], []
+    for j in range(kv):
+        s = torch.bmm(q4[:, j], k[:, :, j].transpose(1, 2)).float()      # [B, G, L]
+        s.mul_(scale)
+        if neg is not None:
+            s.masked_fill_(neg, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s.sub_(lse[..., None])).to(v.dtype)
+        outs.append(torch.bmm(p, v[:, :, j]))                            # [B, G, D]
+        lses.append(lse)
+    return torch.stack(outs, 1).reshape(b, h, d), torch.stack(lses, 1).reshape(b, h)
+
+
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                scale: float) -> torch.Tensor:
+    """As :func:`attend_padded` without the log-sum-exp, through SDPA (GQA in the kernel)."""
+    m = None if mask is None else mask[:, None, None, :]
+    out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=m, scale=scale, enable_gqa=True)
+    return out[:, :, 0]
 
 
 def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -85,12 +100,16 @@ def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kv = k.shape[1]
     g = h // kv
     qs = q.view(b, kv, g, d).transpose(0, 1).reshape(kv, b * g, d)       # [KV, B*G, D]
-    s = torch.matmul(qs, k.permute(1, 2, 0)).float() * scale             # [KV, B*G, P]
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).to(v.dtype)
-    out = torch.matmul(p, v.transpose(0, 1))                             # [KV, B*G, D]
-    out = out.view(kv, b, g, d).transpose(0, 1).reshape(b, h, d)
-    return out, lse.view(kv, b, g).transpose(0, 1).reshape(b, h)
+    outs, lses = [], []
+    for j in range(kv):
+        s = torch.mm(qs[j], k[:, j].t()).float()                         # [B*G, P]
+        s.mul_(scale)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s.sub_(lse[:, None])).to(v.dtype)
+        outs.append(torch.mm(p, v[:, j]))                                # [B*G, D]
+        lses.append(lse)
+    out = torch.stack(outs).view(kv, b, g, d).transpose(0, 1).reshape(b, h, d)
+    return out, torch.stack(lses).view(kv, b, g).transpose(0, 1).reshape(b, h)
 
 
 def merge_partials(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
@@ -211,10 +230,12 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
         flat = dec.index.reshape(-1)
         k = pool.k[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
         v = pool.v[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
-        o, lse = attend_padded(qd, k, v, dec.mask, scale)
         if dec.prefix is not None:
+            o, lse = attend_padded(qd, k, v, dec.mask, scale)
             kp, vp = pool.read(layer, dec.prefix)
             op, lsep = attend_shared(qd, kp, vp, scale)
             o = merge_partials(op, lsep, o, lse)
+        else:  # no statistics needed: SDPA is faster on the long padded keys
+            o = attend_sdpa(qd, k, v, dec.mask, scale)
     out.index_copy_(0, dec.rows, o)
     return out
