@@ -17,11 +17,13 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import httpx
+from structgen.backends._http import HttpClient, HttpConfig, RetryPolicy
 
 from structgen.backend import (
     Backend,
@@ -36,8 +38,6 @@ from structgen.backend import (
 from structgen.chat import ChatTemplate
 from structgen.constraints.spec import ChoiceSpec
 from structgen.errors import BackendError, OutputValidationError, StructgenError
-
-from structgen.backends._http import HttpClient, HttpConfig, RetryPolicy
 
 __all__ = ["Call", "Flow", "ServerBackend", "common_prefix", "finish_reason", "hf_chat_template", "require"]
 
@@ -83,7 +83,7 @@ def hf_chat_template(path: str | None) -> ChatTemplate | None:
         return None
 
     def render(messages: list[dict[str, str]]) -> str:
-        return tok.apply_chat_template(messages, tokenize=False)
+        return str(tok.apply_chat_template(messages, tokenize=False))
 
     return ChatTemplate(render, name=os.path.basename(path.rstrip("/")))
 
@@ -107,16 +107,17 @@ class ServerBackend(Backend):
                        retry=RetryPolicy(max_retries=max_retries, backoff_base=backoff)),
             backend=self.name, transport=transport, async_transport=async_transport)
         self.base_url = base_url.rstrip("/")
-        self.model = model
+        self.model: str | None = model
         self.max_concurrency = max_concurrency
         self.warm_prefix = warm_prefix
-        self._tokenizer_path = tokenizer
-        self._version = version
-        self._caps = capabilities
+        self._tokenizer_path: str | None = tokenizer
+        self._version: str | None = version
+        self._caps: Capabilities | None = capabilities
         self._detected = version is not None and capabilities is not None
         self._detect_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._template: ChatTemplate | None | bool = False
+        self._template: ChatTemplate | None = None
+        self._template_loaded = False
         self._stats: dict[str, int] = {"requests": 0, "errors": 0, "warm_prefixes": 0,
                                        "prompt_tokens": 0, "completion_tokens": 0}
 
@@ -134,6 +135,7 @@ class ServerBackend(Backend):
         with self._detect_lock:
             if self._detected:
                 return
+            version: str | None
             if self._version is not None:
                 version, caps = self._version, self._capabilities_for(self._version)
             else:
@@ -143,22 +145,23 @@ class ServerBackend(Backend):
                 self._caps = caps
             self._detected = True
 
-    @property  # type: ignore[override]
-    def version(self) -> str | None:
+    @property
+    def version(self) -> str | None:  # type: ignore[override]
         self._ensure_detected()
         return self._version
 
-    @property  # type: ignore[override]
-    def capabilities(self) -> Capabilities:
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
         self._ensure_detected()
-        assert self._caps is not None  # set by _ensure_detected  # noqa: S101
+        assert self._caps is not None  # set by _ensure_detected
         return self._caps
 
     def chat_template(self) -> ChatTemplate | None:
-        if self._template is False:
+        if not self._template_loaded:
             self._ensure_detected()
             self._template = hf_chat_template(self._tokenizer_path)
-        return self._template or None
+            self._template_loaded = True
+        return self._template
 
     # -- what adapters implement ----------------------------------------------------------
     def _generate_flow(self, request: GenerateRequest) -> Flow[GenerateResult]:

@@ -36,8 +36,9 @@ from pydantic import BaseModel, Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import structgen as sg  # noqa: E402
-from structgen.backends.vllm import VLLMBackend  # noqa: E402
+from structgen.backends.vllm import VLLMBackend
+
+import structgen as sg
 
 TASKS = {
     "people": [("Ann Lee, 34, Paris.", '{"name":"Ann Lee","value":34}'),

@@ -12,12 +12,11 @@ import time
 
 import httpx
 import pytest
+from structgen.backends._http import HttpClient, HttpConfig, RetryPolicy
+from structgen.backends.openai import OpenAIBackend
 
 from structgen.backend import Capabilities, GenerateRequest, SamplingParams
 from structgen.errors import BackendError
-
-from structgen.backends._http import HttpClient, HttpConfig, RetryPolicy
-from structgen.backends.openai import OpenAIBackend
 
 FAST = RetryPolicy(max_retries=3, backoff_base=0.001, backoff_max=0.01)
 
@@ -71,7 +70,7 @@ def test_non_retryable_status_is_not_retried(status):
 
 def test_retry_after_is_honoured_but_capped():
     policy = RetryPolicy(max_retries=1, retry_after_max=0.05)
-    handler, calls = _sequence((429, {}, {"Retry-After": "30"}), (200, {"ok": 1}))
+    handler, _ = _sequence((429, {}, {"Retry-After": "30"}), (200, {"ok": 1}))
     t0 = time.monotonic()
     assert _client(handler, retry=policy).post("/x", {}) == {"ok": 1}
     assert 0.04 < time.monotonic() - t0 < 2

@@ -10,13 +10,31 @@ import time
 
 import jsonschema
 import pytest
-
-from structgen.backend import GenerateRequest, GenerateResult, SamplingParams, SelectRequest
-from structgen.constraints.spec import ChoiceSpec, GrammarSpec, RegexSpec, json_schema_spec
-from structgen.errors import BackendError, CapabilityError, ConstraintError, OutputValidationError
-
 from structgen.backends.llamacpp import LlamaCppBackend
-from structgen.backends.llamacpp.gbnf import choices_to_gbnf, json_schema_to_gbnf, regex_to_gbnf
+from structgen.backends.llamacpp.gbnf import (
+    choices_to_gbnf,
+    json_schema_to_gbnf,
+    regex_to_gbnf,
+)
+
+from structgen.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
+)
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    GrammarSpec,
+    RegexSpec,
+    json_schema_spec,
+)
+from structgen.errors import (
+    BackendError,
+    CapabilityError,
+    ConstraintError,
+    OutputValidationError,
+)
 from tests.backend_fakes import Recorder
 from tests.servers import llamacpp as llamacpp_server
 from tests.servers.fixtures import LOG_DIR, require_server, suite_cases
@@ -26,7 +44,8 @@ from tests.servers.proxy import FaultProxy
 # -- GBNF semantics, checked by an independent GBNF reader (llguidance) ----------------------
 @pytest.fixture(scope="module")
 def matcher(tokenizer):
-    llguidance = pytest.importorskip("llguidance")
+    pytest.importorskip("llguidance")
+    import llguidance
     import llguidance.hf
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
@@ -149,7 +168,7 @@ def test_unsupported_features_raise_before_sending(spec, params):
 
 
 def test_select_scoring_methods_raise():
-    b, rec = _fake("x")
+    b, _ = _fake("x")
     with pytest.raises(CapabilityError, match="scoring method"):
         b.select([SelectRequest(prompt="p", choices=("a", "b"), method="greedy_token_selection")])
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from structgen.backends.openai import OpenAIBackend
 
 from structgen.backend import GenerateRequest, Message, SamplingParams, SelectRequest
-from structgen.constraints.spec import ChoiceSpec, GrammarSpec, RegexSpec, json_schema_spec
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    GrammarSpec,
+    RegexSpec,
+    json_schema_spec,
+)
 from structgen.errors import CapabilityError, OutputValidationError
-
-from structgen.backends.openai import OpenAIBackend
 from tests.backend_fakes import Recorder
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
@@ -46,7 +50,7 @@ def test_json_schema_goes_into_strict_response_format():
 
 
 def test_choices_become_a_strict_enum_and_are_unwrapped():
-    b, rec = backend()
+    b, _ = backend()
     [res] = b.generate([GenerateRequest(prompt="q", constraint=ChoiceSpec(("red", "blue")))])
     assert res.text == "blue" and res.meta["raw"] == '{"choice":"blue"}'
     [sel] = b.select([SelectRequest(prompt="q", choices=("red", "blue"))])

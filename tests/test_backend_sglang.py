@@ -10,14 +10,18 @@ from __future__ import annotations
 import re
 
 import pytest
+from structgen.backends.sglang import SGLangBackend
+from structgen.backends.sglang.adapter import choice_regex
 
 from structgen.backend import GenerateRequest, SamplingParams, SelectRequest
 from structgen.choices import method_by_name
-from structgen.constraints.spec import ChoiceSpec, GrammarSpec, JsonSchemaSpec, RegexSpec, json_schema_spec
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    GrammarSpec,
+    RegexSpec,
+    json_schema_spec,
+)
 from structgen.errors import BackendError, CapabilityError
-
-from structgen.backends.sglang import SGLangBackend
-from structgen.backends.sglang.adapter import choice_regex
 from tests.backend_fakes import Recorder
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -27,7 +31,7 @@ INFO = {"version": "0.5.6", "grammar_backend": "xgrammar", "model_path": "/model
 
 def _generate_response(payload):
     texts = payload["text"]
-    meta = lambda t: {"prompt_tokens": len(t.split()), "completion_tokens": 2, "cached_tokens": 0,  # noqa: E731
+    meta = lambda t: {"prompt_tokens": len(t.split()), "completion_tokens": 2, "cached_tokens": 0,
                       "finish_reason": {"type": "stop", "matched": 2}}
     if isinstance(texts, list):
         return [{"text": "ok", "meta_info": meta(t)} for t in texts]

@@ -14,12 +14,21 @@ import time
 
 import jsonschema
 import pytest
-
-from structgen.backend import GenerateRequest, GenerateResult, SamplingParams, SelectRequest
-from structgen.constraints.spec import ChoiceSpec, GrammarSpec, RegexSpec, json_schema_spec
-from structgen.errors import BackendError, CapabilityError
-
 from structgen.backends.triton import TritonBackend
+
+from structgen.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
+)
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    GrammarSpec,
+    RegexSpec,
+    json_schema_spec,
+)
+from structgen.errors import BackendError, CapabilityError
 from tests.backend_fakes import Recorder
 from tests.servers import triton as triton_server
 from tests.servers.fixtures import LOG_DIR, require_server, suite_cases
@@ -90,7 +99,7 @@ def test_not_an_llm_model_is_reported():
                     "GET /v2/models/m": {"inputs": [{"name": "INPUT0"}], "outputs": [{"name": "OUTPUT0"}]}})
     b = TritonBackend("http://127.0.0.1:9", model="m", max_retries=0, **rec.transports())
     with pytest.raises(BackendError, match="text_input"):
-        b.capabilities
+        _ = b.capabilities
 
 
 # -- a real tritonserver -----------------------------------------------------------------------
@@ -104,7 +113,10 @@ def server():
 
 @pytest.fixture(scope="module")
 def backend(server):
-    b = TritonBackend(server.url, model="structgen", timeout=120)
+    from structgen.backends.embedded.loader import resolve_model_dir
+
+    # Triton cannot report the tokenizer: the chat template comes from the model directory
+    b = TritonBackend(server.url, model="structgen", timeout=120, tokenizer=resolve_model_dir())
     yield b
     b.close()
 
@@ -155,7 +167,7 @@ def test_503_through_a_proxy_is_retried(server):
 @pytest.mark.server
 def test_zz_killed_mid_batch(server):
     b = TritonBackend(server.url, model="structgen", timeout=60, max_retries=1, backoff=0.01)
-    b.capabilities  # detect while the server is up
+    _ = b.capabilities  # detect while the server is up
     reqs = [GenerateRequest(prompt=f"Story {i}:", params=SamplingParams(max_new_tokens=300)) for i in range(6)]
     box: dict[str, object] = {}
     t = threading.Thread(target=lambda: box.setdefault("out", b.generate(reqs)))

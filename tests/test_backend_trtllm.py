@@ -6,12 +6,16 @@ No installable TensorRT-LLM here; ``backends/trtllm/gpu_check.sh`` runs it live 
 from __future__ import annotations
 
 import pytest
+from structgen.backends.trtllm import TRTLLMBackend, llm_api_guided_kwargs
 
 from structgen.backend import GenerateRequest, SamplingParams, SelectRequest
-from structgen.constraints.spec import ChoiceSpec, GrammarSpec, RegexSpec, json_schema_spec
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    GrammarSpec,
+    RegexSpec,
+    json_schema_spec,
+)
 from structgen.errors import CapabilityError
-
-from structgen.backends.trtllm import TRTLLMBackend, llm_api_guided_kwargs
 from tests.backend_fakes import Recorder
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

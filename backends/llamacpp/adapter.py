@@ -15,16 +15,26 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jsonschema
+from structgen.backends.llamacpp.gbnf import (
+    choices_to_gbnf,
+    json_schema_to_gbnf,
+    regex_to_gbnf,
+)
+from structgen.backends.openai.adapter import OpenAICompatBackend
 
 from structgen.backend import Capabilities, GenerateRequest, GenerateResult
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
 from structgen.errors import CapabilityError, OutputValidationError
-
-from structgen.backends.llamacpp.gbnf import choices_to_gbnf, json_schema_to_gbnf, regex_to_gbnf
-from structgen.backends.openai.adapter import OpenAICompatBackend
 
 __all__ = ["LlamaCppBackend", "grammar_for"]
 
@@ -84,21 +94,21 @@ class LlamaCppBackend(OpenAICompatBackend):
         if spec is None:
             return result
         truncated = result.finish_reason == "length"
-        where = {"program": request.program, "variable": request.variable}
+        prog, var = request.program, request.variable
         if isinstance(spec, RegexSpec) and re.fullmatch(spec.pattern, result.text) is None:
             raise OutputValidationError("output does not fully match the regex", raw=result.text,
-                                        errors=[spec.pattern], truncated=truncated, **where)
+                                        errors=[spec.pattern], truncated=truncated, program=prog, variable=var)
         if isinstance(spec, ChoiceSpec) and result.text not in spec.choices:
             raise OutputValidationError("output is none of the choices", raw=result.text,
-                                        truncated=truncated, **where)
+                                        truncated=truncated, program=prog, variable=var)
         if isinstance(spec, JsonSchemaSpec):
             try:
                 value = json.loads(result.text)
             except ValueError as exc:
                 raise OutputValidationError("output is not valid JSON", raw=result.text,
-                                            errors=[str(exc)], truncated=truncated, **where) from None
+                                            errors=[str(exc)], truncated=truncated, program=prog, variable=var) from None
             errors = [e.message for e in jsonschema.Draft202012Validator(spec.schema_dict).iter_errors(value)]
             if errors:
                 raise OutputValidationError("output does not satisfy the JSON schema", raw=result.text,
-                                            errors=errors, truncated=truncated, **where)
+                                            errors=errors, truncated=truncated, program=prog, variable=var)
         return result

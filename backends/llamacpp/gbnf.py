@@ -159,7 +159,7 @@ def _regex_item(op: Any, av: Any, pattern: str) -> str:
     if op is sre_c.BRANCH:
         return "(" + " | ".join(_regex_seq(b, pattern) for b in av[1]) + ")"
     if op is sre_c.SUBPATTERN:
-        group, add_flags, del_flags, sub = av
+        _group, add_flags, del_flags, sub = av
         if add_flags or del_flags:
             raise ConstraintError("inline regex flags are not supported for llama.cpp", constraint=pattern)
         return "(" + _regex_seq(sub, pattern) + ")"
@@ -177,7 +177,7 @@ def _regex_item(op: Any, av: Any, pattern: str) -> str:
 def _regex_body(pattern: str) -> str:
     try:
         tree = sre_parse.parse(pattern)
-    except Exception as exc:  # noqa: BLE001 - re.error and friends
+    except Exception as exc:
         raise ConstraintError(f"malformed regex: {exc}", constraint=pattern) from exc
     flags = tree.state.flags
     if flags & (sre_c.SRE_FLAG_IGNORECASE | sre_c.SRE_FLAG_DOTALL | sre_c.SRE_FLAG_LOCALE):

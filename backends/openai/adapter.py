@@ -14,7 +14,10 @@ there, so they are capability errors, never dropped constraints.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
+
+from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
 
 from structgen.backend import (
     Capabilities,
@@ -24,8 +27,6 @@ from structgen.backend import (
 )
 from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, JsonSchemaSpec
 from structgen.errors import CapabilityError, OutputValidationError
-
-from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
 
 __all__ = ["OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]
 

@@ -17,13 +17,26 @@ Unverified against a live engine here (no CPU build of sgl-kernel): see ``gpu_ch
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from structgen.backend import Capabilities, GenerateRequest, GenerateResult, SelectRequest, SelectResult
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
-from structgen.errors import BackendError, CapabilityError
+from collections.abc import Mapping
+from typing import Any
 
 from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
+
+from structgen.backend import (
+    Capabilities,
+    GenerateRequest,
+    GenerateResult,
+    SelectRequest,
+    SelectResult,
+)
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
+from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["SGLangBackend", "choice_regex"]
 

@@ -23,14 +23,21 @@ it passed through. ``select`` is a constrained choice (regex alternation).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
-
-from structgen.backend import Capabilities, GenerateRequest, GenerateResult
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
-from structgen.errors import BackendError, CapabilityError
+from collections.abc import Mapping
+from typing import Any
 
 from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
 from structgen.backends.sglang.adapter import choice_regex
+
+from structgen.backend import Capabilities, GenerateRequest, GenerateResult
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
+from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["TritonBackend"]
 

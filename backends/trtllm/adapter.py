@@ -23,14 +23,21 @@ Unverified against a live engine here (no installable wheel): see ``gpu_check.sh
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from structgen.backend import Capabilities
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
-from structgen.errors import BackendError, CapabilityError
+from collections.abc import Mapping
+from typing import Any
 
 from structgen.backends.openai.adapter import OpenAICompatBackend
 from structgen.backends.sglang.adapter import choice_regex
+
+from structgen.backend import Capabilities
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
+from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["TRTLLMBackend", "llm_api_guided_kwargs"]
 

@@ -14,14 +14,27 @@ scored as the engine tokenizes them, whatever their merge).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from structgen.backend import Capabilities, GenerateRequest, GenerateResult, SelectRequest, SelectResult
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
-from structgen.errors import BackendError, CapabilityError
+from collections.abc import Mapping
+from typing import Any
 
 from structgen.backends._server import Call, Flow, require
 from structgen.backends.openai.adapter import OpenAICompatBackend
+
+from structgen.backend import (
+    Capabilities,
+    GenerateRequest,
+    GenerateResult,
+    SelectRequest,
+    SelectResult,
+)
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
+from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["VLLMBackend", "parse_version"]
 

@@ -7,8 +7,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 
@@ -33,12 +33,11 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

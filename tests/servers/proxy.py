@@ -58,7 +58,7 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                assert proxy.upstream is not None  # noqa: S101 - test helper
+                assert proxy.upstream is not None
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("host", "content-length", "connection")}
                 r = httpx.request(self.command, proxy.upstream + self.path, content=body,
@@ -77,11 +77,11 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:  # noqa: PYI034
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -11,9 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-              tie_word_embeddings=True, rms_norm_eps=1e-5)
+CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+          "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096,
+          "tie_word_embeddings": True, "rms_norm_eps": 1e-5}
 SEED = 1234
 
 
@@ -28,9 +28,8 @@ def build_tiny_llama(out: Path | None = None) -> Path:
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from structgen.backends.embedded.loader import load_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_tokenizer()
     torch.manual_seed(SEED)

@@ -36,9 +36,9 @@ def main() -> None:
     import numpy as np
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
+    from structgen.backends.embedded import EmbeddedBackend
 
     from structgen.backend import GenerateRequest, GenerateResult, SamplingParams
-    from structgen.backends.embedded import EmbeddedBackend
     from structgen.constraints.spec import RegexSpec, json_schema_spec
 
     backend = EmbeddedBackend(args.model) if args.model else EmbeddedBackend()
@@ -78,12 +78,12 @@ def main() -> None:
         out = []
         for r in results:
             if not isinstance(r, GenerateResult):
-                raise ValueError(str(r))
+                raise RuntimeError(str(r))  # noqa: TRY004
             out.append({"text_output": np.array([r.text.encode()], dtype=object),
                         "finish_reason": np.array([r.finish_reason.encode()], dtype=object)})
         return out
 
-    opt = dict(optional=True)
+    opt = {"optional": True}
     inputs = [Tensor(name="text_input", dtype=bytes, shape=(1,)),
               Tensor(name="max_tokens", dtype=np.int32, shape=(1,), **opt),
               Tensor(name="temperature", dtype=np.float32, shape=(1,), **opt),
