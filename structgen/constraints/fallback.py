@@ -60,6 +60,8 @@ class SchemaGrammar:
     #: why earlier rungs failed, what normalisation widened, engine warnings.
     warnings: tuple[str, ...] = ()
     schema: Any = None  # the schema the grammar was built from
+    #: a fresh ``llguidance.LLMatcher`` for the grammar (a template to ``deep_copy``)
+    matcher: Any = None
 
 
 def _first_line(message: str) -> str:
@@ -144,17 +146,19 @@ def _top_types(schema: Any) -> Any:
     return {"type": out[0] if len(out) == 1 else out}
 
 
-def _try(schema: Any, options: dict, tokenizer: Any) -> tuple[str | None, list[str]]:
+def _try(schema: Any, options: dict, tokenizer: Any) -> tuple[str | None, Any, list[str]]:
+    """(grammar, matcher, warnings) or (None, None, errors)."""
     if isinstance(schema, bool):
         schema = {} if schema else {"type": "string", "enum": []}
     try:
         grammar = str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options))  # type: ignore[arg-type]
     except (ValueError, TypeError, RuntimeError) as exc:
-        return None, [_first_line(str(exc))]
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if is_error:
-        return None, [_first_line(m) for m in messages] or ["unknown error"]
-    return grammar, [_first_line(m) for m in messages]
+        return None, None, [_first_line(str(exc))]
+    # building the matcher validates the grammar: one compile, not two
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        return None, None, [_first_line(matcher.get_error()) or "unknown error"]
+    return grammar, matcher, [_first_line(m) for m in matcher.get_grammar_warnings()]
 
 
 def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = False) -> SchemaGrammar:
@@ -177,9 +181,9 @@ def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = F
     ]
     for rung, make, options in attempts:
         candidate = make()
-        grammar, messages = _try(candidate, options, tokenizer)
+        grammar, matcher, messages = _try(candidate, options, tokenizer)
         if grammar is not None:
-            exact = rung == "exact" and norm.exact and not messages
-            return SchemaGrammar(grammar, exact, rung, tuple(notes + messages), candidate)
+            exact = rung == "exact" and norm.exact
+            return SchemaGrammar(grammar, exact, rung, tuple(notes + messages), candidate, matcher)
         notes.extend(f"{rung}: {m}" for m in messages)
     raise ConstraintError("cannot compile even an unconstrained JSON grammar: " + "; ".join(notes[-3:]))

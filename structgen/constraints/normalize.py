@@ -85,11 +85,13 @@ _KNOWN = frozenset(_KW_TYPE) | {
 _K2019 = ("dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
           "minContains", "maxContains")
 _K6 = ("const", "contains", "propertyNames")
-_NEWER = {
-    3: _K6 + ("if", "then", "else") + _K2019,
-    4: _K6 + ("if", "then", "else") + _K2019,
-    6: ("if", "then", "else") + _K2019,
-    7: _K2019,
+_NEWER = {  # keywords a draft's validator does not know (ignored: dropping them is exact)
+    3: _K6 + ("if", "then", "else", "prefixItems") + _K2019,
+    4: _K6 + ("if", "then", "else", "prefixItems") + _K2019,
+    6: ("if", "then", "else", "prefixItems") + _K2019,
+    7: ("prefixItems",) + _K2019,
+    2019: ("dependencies", "prefixItems"),
+    2020: ("dependencies", "additionalItems"),
 }
 
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7),
@@ -347,6 +349,8 @@ class _Normalizer:
             rest = self.norm(s)
             return self.conj([rest, r])
         out: dict[str, Any] = {}
+        for k in _NEWER.get(self.draft, ()):
+            s.pop(k, None)  # not a keyword in this draft: validators ignore it
         if self.draft <= 4:
             for lo, ex in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
                 if isinstance(s.get(ex), bool):
@@ -367,8 +371,6 @@ class _Normalizer:
                     s["dependentRequired"] = {**req, **(s.get("dependentRequired") or {})}
                 if sch:
                     s["dependentSchemas"] = {**sch, **(s.get("dependentSchemas") or {})}
-        for k in _NEWER.get(self.draft, ()):
-            s.pop(k, None)  # not a keyword in this draft: validators ignore it
         for k, v in s.items():
             if k in _ANNOTATIONS or k not in _KNOWN:
                 continue
@@ -408,15 +410,8 @@ class _Normalizer:
         return self.simplify(out, widened)
 
     def simplify(self, s: dict, widened: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
-        # type-specific keywords that cannot apply
-        ts = _types({k: s[k] for k in ("type", "enum", "const") if k in s})
-        if ts is not None:
-            if not ts:
-                return False
-            for kw in list(s):
-                t = _KW_TYPE.get(kw)
-                if t and not (t in ts or (t == "number" and "integer" in ts)):
-                    del s[kw]
+        if _drop_inapplicable(s) is False:
+            return False
         if s.get("minProperties") == 0:
             del s["minProperties"]
         if s.get("minItems") == 0:
@@ -594,7 +589,7 @@ class _Normalizer:
                 return False
             else:
                 acc = merged
-        if acc is False:
+        if acc is False or _drop_inapplicable(acc) is False:
             return False
         if refs:  # references never get sibling keywords
             return {"allOf": refs + rest + ([acc] if acc else [])}
@@ -712,6 +707,19 @@ def _negate_enum(vals: list) -> list:
     if rest:
         out.append(_with_type({}, rest))
     return out
+
+
+def _drop_inapplicable(s: dict) -> Any:
+    """Drop keywords for types ``s`` cannot have (in place); False if no type is possible."""
+    ts = _types({k: s[k] for k in ("type", "enum", "const") if k in s})
+    if ts is not None:
+        if not ts:
+            return False
+        for kw in list(s):
+            t = _KW_TYPE.get(kw)
+            if t and not (t in ts or (t == "number" and "integer" in ts)):
+                del s[kw]
+    return s
 
 
 def _disjoint(a: Any, b: Any) -> bool:
