@@ -24,9 +24,11 @@ Translation: :class:`RegexSpec` -> llguidance regex (``\\w \\W \\s \\S`` rewritt
 tokens) unless ``whitespace="flexible"``; :class:`ChoiceSpec` -> an alternation of string
 literals; :class:`GrammarSpec` -> Lark (llguidance's dialect).
 
-A JSON schema using keywords llguidance cannot enforce (``uniqueItems``, ``not``, unknown
-``format`` s) compiles leniently with ``exact = False`` and the keyword names in
-``warnings``; final validation (:mod:`structgen.validation`) then guards the result.
+A JSON schema is meta-checked, normalised and compiled through the fallback ladder of
+:func:`structgen.constraints.fallback.schema_grammar`: keywords llguidance cannot enforce
+(``uniqueItems``, unknown ``format`` s, lookaround ``pattern`` s) give a looser grammar
+with ``exact = False`` and the reasons in ``warnings``; final validation
+(:mod:`structgen.validation`) then guards the result.
 
 Error contract: ``compile`` raises :class:`ConstraintError` for malformed specs. A matcher
 never raises on a bad token: :meth:`LLGuidanceMatcher.consume` returns ``False`` and the
@@ -40,11 +42,13 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, Matcher
 from structgen.constraints.bitmask import bitmask_words, row_pointer
@@ -54,9 +58,6 @@ from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, 
 from structgen.errors import ConstraintError
 
 __all__ = ["LLGuidanceCompiled", "LLGuidanceCompiler", "LLGuidanceMatcher", "python_regex_to_rust", "to_grammar"]
-
-# JSON-schema features llguidance can skip (lenient mode) while final validation enforces them.
-_LENIENT_MARKERS = ("Unimplemented keys", "Unknown format")
 
 
 def _first_line(message: str) -> str:
@@ -163,6 +164,13 @@ class _Vocab:
     words: int
 
 
+def _base_address(bitmask: Any) -> int:
+    """The buffer address of a numpy array (fixed while referenced) or torch tensor."""
+    if isinstance(bitmask, np.ndarray):
+        return 0  # a referenced ndarray cannot be resized in place: its address is fixed
+    return int(bitmask.data_ptr())
+
+
 class LLGuidanceMatcher(Matcher):
     """Per-sequence state over an ``llguidance.LLMatcher``. Not thread safe (one per sequence)."""
 
@@ -173,10 +181,19 @@ class LLGuidanceMatcher(Matcher):
         # (EOS after the grammar stopped), so rollback can skip it.
         self._history: list[bool] = []
         self._error: str | None = None
+        self._last_row: tuple[Any, int, int, int, int] | None = None
 
     # -- masks
     def fill_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        # Decoding loops pass the same bitmask every step: reuse the checked row address
+        # while the array is the same object at the same base address (a numpy array we
+        # hold cannot be resized; a torch tensor's base address is re-read each time).
+        last = self._last_row
+        if last is not None and last[0] is bitmask and last[1] == index and last[2] == _base_address(bitmask):
+            self._m.unsafe_compute_mask_ptr(last[3], last[4])
+            return
         address, size = row_pointer(bitmask, index, self._vocab.words)
+        self._last_row = (bitmask, index, _base_address(bitmask), address, size)
         self._m.unsafe_compute_mask_ptr(address, size)
 
     def validate_tokens(self, token_ids: Sequence[int]) -> int:
@@ -247,7 +264,7 @@ class LLGuidanceMatcher(Matcher):
     def num_consumed(self) -> int:
         return len(self._history)
 
-    def fork(self) -> "LLGuidanceMatcher":
+    def fork(self) -> LLGuidanceMatcher:
         """An independent copy of this matcher's state (for ``fork`` / beam branches)."""
         twin = LLGuidanceMatcher(self._m.deep_copy(), self._vocab)
         twin._history = list(self._history)
@@ -308,20 +325,10 @@ class LLGuidanceCompiler(ConstraintCompiler):
         return self._vocab.tokenizer
 
     def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled:
-        exact = True
         if isinstance(spec, JsonSchemaSpec):
-            # normalise, then the strictest grammar the engine builds; looser rungs (exact=False)
-            # still admit every valid value, and final validation guards the result
-            try:
-                schema = json.loads(spec.schema)
-            except ValueError as exc:
-                raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
-            built = schema_grammar(checked_schema(schema), self._vocab.tokenizer,
-                                   whitespace_flexible=spec.whitespace == "flexible")
-            grammar, is_error, messages, exact = built.grammar, False, list(built.warnings), built.exact
-        else:
-            grammar = to_grammar(spec)
-            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocab.tokenizer)
+            return self._compile_json(spec)
+        grammar = to_grammar(spec)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocab.tokenizer)
         if is_error:
             reason = _first_line(messages[0]) if messages else "unknown error"
             raise ConstraintError(f"cannot compile {spec.kind} constraint: {reason}",
@@ -331,5 +338,18 @@ class LLGuidanceCompiler(ConstraintCompiler):
             raise ConstraintError(
                 f"cannot compile {spec.kind} constraint: {_first_line(template.get_error())}",
                 constraint=spec.describe())
-        return LLGuidanceCompiled(spec, grammar, template, self._vocab, exact=exact,
+        return LLGuidanceCompiled(spec, grammar, template, self._vocab,
                                   warnings=[_first_line(m) for m in messages])
+
+    def _compile_json(self, spec: JsonSchemaSpec) -> LLGuidanceCompiled:
+        """Normalise, then the strictest grammar the engine builds (see
+        :mod:`structgen.constraints.fallback`): looser rungs (``exact=False``) still admit
+        every valid value, and final validation guards the result."""
+        try:
+            schema = json.loads(spec.schema)
+        except ValueError as exc:
+            raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
+        built = schema_grammar(checked_schema(schema), self._vocab.tokenizer,
+                               whitespace_flexible=spec.whitespace == "flexible")
+        return LLGuidanceCompiled(spec, built.grammar, built.matcher, self._vocab, exact=built.exact,
+                                  warnings=built.warnings)
