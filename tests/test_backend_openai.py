@@ -90,3 +90,16 @@ def test_bad_choice_answer_is_a_validation_error():
     b = OpenAIBackend("http://127.0.0.1:9", model="m", max_retries=0, **rec.transports())
     [res] = b.generate([GenerateRequest(prompt="q", constraint=ChoiceSpec(("a", "b")))])
     assert isinstance(res, OutputValidationError) and res.raw == '{"choice":"x"}'
+
+
+def test_tools_are_sent_and_tool_calls_returned():
+    calls = [{"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"q":"x"}'}}]
+    rec = Recorder({"POST /v1/chat/completions": {"choices": [{"message": {"content": None, "tool_calls": calls},
+                                                               "finish_reason": "tool_calls"}]}})
+    tool = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+    b = OpenAIBackend("http://127.0.0.1:9", model="m", tools=[tool], tool_choice="auto", max_retries=0,
+                      **rec.transports())
+    [res] = b.generate([GenerateRequest(prompt="q")])
+    assert res.meta["tool_calls"] == calls and res.text == ""
+    [p] = rec.payloads("/v1/chat/completions")
+    assert p["tools"] == [tool] and p["tool_choice"] == "auto"

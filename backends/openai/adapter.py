@@ -155,8 +155,21 @@ class OpenAIBackend(OpenAICompatBackend):
     name = "openai"
     route = "chat"
 
-    def __init__(self, base_url: str = "https://api.openai.com", **kw: Any):
+    def __init__(self, base_url: str = "https://api.openai.com", *,
+                 tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, **kw: Any):
+        """``tools`` (OpenAI function-tool dicts) and ``tool_choice`` are sent with every
+        generation; the calls the model makes come back in ``result.meta["tool_calls"]``."""
         super().__init__(base_url, **kw)
+        self.tools = list(tools or [])
+        self.tool_choice = tool_choice
+
+    def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
+        payload = super().build_payload(request)
+        if self.tools:
+            payload["tools"] = self.tools
+            if self.tool_choice is not None:
+                payload["tool_choice"] = self.tool_choice
+        return payload
 
     def _server_version(self) -> str | None:
         return "v1"
