@@ -142,6 +142,16 @@ def classify_exception(exc: Exception, *, backend: str, what: str) -> BackendErr
     return BackendError(f"{what}: {type(exc).__name__}: {exc}", backend=backend, retryable=False)
 
 
+def _final(err: BackendError, attempts: int, first: BackendError | None) -> BackendError:
+    """The error to raise after ``attempts`` retries, naming the first failure too."""
+    if attempts:
+        note = f" (after {attempts} retr{'y' if attempts == 1 else 'ies'}"
+        if first is not None and first.message != err.message:
+            note += f"; first failure: {first.message}"
+        err.args = (err.args[0] + note + ")",)
+    return err
+
+
 def _decode(response: httpx.Response, *, backend: str, what: str) -> Any:
     try:
         return response.json()
@@ -201,6 +211,7 @@ class HttpClient:
         policy = self.config.retry
         max_retries = policy.max_retries if retries is None else retries
         attempt = 0
+        first: BackendError | None = None
         kw: dict[str, Any] = {}
         if timeout is not None:
             kw["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))
@@ -218,9 +229,8 @@ class HttpClient:
                 cause = httpx.HTTPStatusError(str(response.status_code), request=response.request,
                                               response=response)
             if not err.retryable or attempt >= max_retries:
-                if attempt:
-                    err.args = (err.args[0] + f" (after {attempt} retr{'y' if attempt == 1 else 'ies'})",)
-                raise err from cause
+                raise _final(err, attempt, first) from cause
+            first = first or err
             attempt += 1
             self.retries += 1
             delay = policy.delay(attempt, err)
@@ -251,6 +261,7 @@ class HttpClient:
         policy = self.config.retry
         max_retries = policy.max_retries if retries is None else retries
         attempt = 0
+        first: BackendError | None = None
         kw: dict[str, Any] = {}
         if timeout is not None:
             kw["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))
@@ -269,9 +280,8 @@ class HttpClient:
                 cause = httpx.HTTPStatusError(str(response.status_code), request=response.request,
                                               response=response)
             if not err.retryable or attempt >= max_retries:
-                if attempt:
-                    err.args = (err.args[0] + f" (after {attempt} retr{'y' if attempt == 1 else 'ies'})",)
-                raise err from cause
+                raise _final(err, attempt, first) from cause
+            first = first or err
             attempt += 1
             self.retries += 1
             await asyncio.sleep(policy.delay(attempt, err))

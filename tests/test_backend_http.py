@@ -216,3 +216,11 @@ def test_engine_backends_are_registered_entry_points():
         assert names.get(name) == f"structgen.backends.{name}:{cls}", names
         module, _, attr = names[name].partition(":")
         assert getattr(__import__(module, fromlist=[attr]), attr).name == name
+
+
+def test_final_error_names_the_first_failure_too():
+    handler, _ = _sequence(httpx.RemoteProtocolError("peer closed"), httpx.ConnectError("refused"))
+    with pytest.raises(BackendError) as info:
+        _client(handler).post("/x", {})
+    msg = str(info.value)
+    assert "cannot connect" in msg and "first failure" in msg and "connection lost mid-request" in msg
