@@ -11,11 +11,23 @@ import json
 import re
 
 import pytest
-
-from structgen.backend import GenerateRequest, GenerateResult, SamplingParams, SelectRequest, SelectResult
 from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
-from structgen.constraints.spec import ChoiceSpec, JsonSchemaSpec, RegexSpec, json_schema_spec, regex_spec
+
+from structgen.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
+    SelectResult,
+)
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+    json_schema_spec,
+    regex_spec,
+)
 from structgen.errors import CapabilityError, ConstraintError, ProgramError
 
 IPV4 = r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)"
@@ -247,8 +259,8 @@ def test_kv_reuse_matches_on_tokens_up_to_the_first_difference(backend, prompt):
 
 @pytest.mark.model
 def test_seeded_sampling_is_reproducible(backend, prompt):
-    kw = dict(max_new_tokens=6, temperature=0.9, top_p=0.95, top_k=50, min_p=0.01,
-              frequency_penalty=0.2, presence_penalty=0.1)
+    kw = {"max_new_tokens": 6, "temperature": 0.9, "top_p": 0.95, "top_k": 50, "min_p": 0.01,
+          "frequency_penalty": 0.2, "presence_penalty": 0.1}
     a = gen(backend, prompt, seed=1234, **kw)
     b = gen(backend, prompt, seed=1234, **kw)
     assert a.text == b.text

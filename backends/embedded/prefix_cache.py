@@ -14,8 +14,9 @@ correctness. A later issue replaces this with a radix tree; the interface (``mat
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["CacheEntry", "PrefixCache", "common_prefix_len"]
 

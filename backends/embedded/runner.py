@@ -18,14 +18,14 @@ prompt token is always recomputed, because its logits are needed to sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
+from structgen.backends.embedded.prefix_cache import PrefixCache
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-
-from structgen.backends.embedded.prefix_cache import PrefixCache
 
 __all__ = ["Counters", "ModelRunner", "Prefill"]
 

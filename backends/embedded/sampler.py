@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import torch
 
 from structgen.backend import SamplingParams

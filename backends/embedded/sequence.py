@@ -7,20 +7,22 @@ model computes the next logits, since it touches only the matcher and the bitmas
 
 Finishing rules (SGLang semantics): EOS (unless ``ignore_eos``), a stop token id, a
 stop string or stop regex (the text ends before the match), the constraint completing
-(its matcher stopped), or ``max_new_tokens`` (``finish_reason="length"``). Nothing but
-``max_new_tokens`` ends a sequence before ``min_new_tokens`` tokens. Under a constraint,
+(its matcher stopped), or ``max_new_tokens`` (``finish_reason="length"``). Before
+``min_new_tokens`` tokens only
+``max_new_tokens`` or the constraint completing ends a sequence. Under a constraint,
 EOS is allowed only where the matcher accepts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
-
-from structgen.backend import GenerateRequest, GenerateResult
 from structgen.backends.embedded.sampler import Sampler, TokenMask, token_mask
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
+
+from structgen.backend import GenerateRequest, GenerateResult
 from structgen.constraints.bitmask import allocate_token_bitmask
 from structgen.errors import BackendError, ConstraintError
 
@@ -113,10 +115,9 @@ class GenSequence:
         n = len(self.out_ids)
         may_stop = n >= (self.params.min_new_tokens or 0)
         is_eos = token in self.eos_ids and not self.params.ignore_eos
-        if self.matcher is not None and not (is_eos and self.matcher.is_accepting()):
-            if not self.matcher.consume(token):
-                raise BackendError(f"constraint rejected token {token}: {self.matcher.error()}",
-                                   backend="embedded")
+        m = self.matcher
+        if m is not None and not (is_eos and m.is_accepting()) and not m.consume(token):
+            raise BackendError(f"constraint rejected token {token}: {m.error()}", backend="embedded")
         if may_stop and is_eos:
             return self._finish("stop", token)
         if may_stop and token in self.stop_ids:

@@ -14,7 +14,7 @@ always equal the final text.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import regex
 
@@ -51,7 +51,7 @@ class IncrementalDetokenizer:
         after = self._decode(self._ids[self._prefix:])
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""
-        delta = after[len(before):] if after.startswith(before) else after
+        delta = after.removeprefix(before)
         self._prefix = self._read
         self._read = len(self._ids)
         self.text += delta
