@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from structgen.backends.embedded.attention import (
     attend_padded,
     attend_shared,
@@ -128,7 +127,7 @@ def test_mixed_batch_prefill_chunk_fresh_prefill_and_decodes(models):
     hf, m, tok = models
     a, b, c = (_ids(tok, p) for p in PROMPTS)
     kv = m.new_kv_pool(256)
-    sa, sb, sc = list(range(0, 40)), list(range(100, 140)), list(range(200, 240))
+    sa, sb, sc = list(range(40)), list(range(100, 140)), list(range(200, 240))
     # a: first 4 tokens cached; b: all but the last cached; c: nothing cached
     m.forward(m.prepare([SeqInput(a[:4], sa[:4]), SeqInput(b[:-1], sb[:len(b) - 1])]), kv)
     batch = m.prepare([SeqInput(a[4:], sa[:len(a)], logits="all"),
@@ -154,8 +153,8 @@ def test_cascade_decode_equals_plain_and_transformers(models):
     for i, t in enumerate(tails):  # each tail in its own slots after the shared prefix
         own = list(range(p + 20 * i, p + 20 * i + len(t)))
         slots.append(list(range(p)) + own)
-        m.forward(m.prepare([SeqInput(t[:-1], slots[-1][:-1], logits="none")]), kv) \
-            if len(t) > 1 else None
+        if len(t) > 1:
+            m.forward(m.prepare([SeqInput(t[:-1], slots[-1][:-1], logits="none")]), kv)
     inputs = [SeqInput(t[-1:], s) for t, s in zip(tails, slots)]
     cascade = m.prepare(inputs, cascade=None)
     plain = m.prepare(inputs, cascade=False)
@@ -169,9 +168,8 @@ def test_cascade_decode_equals_plain_and_transformers(models):
 
 @pytest.mark.model
 def test_slots_hold_transformers_keys_and_values(models):
-    from transformers import DynamicCache
-
     from structgen.backends.embedded.llama import SeqInput
+    from transformers import DynamicCache
 
     hf, m, tok = models
     ids = _ids(tok, PROMPTS[0])

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 
 __all__ = [

@@ -14,6 +14,7 @@ copy); anything else is an ``index_select`` (a gather).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,7 @@ class SlotRange:
         """Wrap ``slots``; detect a contiguous run (read later as a slice)."""
         if not isinstance(slots, torch.Tensor):
             if slots and slots[-1] - slots[0] == len(slots) - 1 and all(
-                    b - a == 1 for a, b in zip(slots, slots[1:])):
+                    b - a == 1 for a, b in itertools.pairwise(slots)):
                 return cls(torch.tensor(slots, dtype=torch.long), slots[0], slots[-1] + 1)
             return cls(torch.tensor(slots, dtype=torch.long))
         slots = slots.to(torch.long)

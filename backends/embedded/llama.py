@@ -40,7 +40,6 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-
 from structgen.backends.embedded.attention import AttentionPlan, run_attention
 from structgen.backends.embedded.kv_pool import KVPool
 
@@ -89,14 +88,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Layer:
-    __slots__ = ("down", "gate", "ln1", "ln2", "o", "q", "k", "up", "v")
+    __slots__ = ("down", "gate", "k", "ln1", "ln2", "o", "q", "up", "v")
 
     def __init__(self, hf_layer: Any, dtype: torch.dtype) -> None:
         a, m = hf_layer.self_attn, hf_layer.mlp
         for bias_owner in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj):
             if bias_owner.bias is not None:
                 raise ValueError("LlamaModel supports bias-free projections only")
-        w = lambda mod: mod.weight.detach().to(dtype)  # noqa: E731 - no copy if dtype matches
+        w = lambda mod: mod.weight.detach().to(dtype)
         self.q, self.k, self.v, self.o = w(a.q_proj), w(a.k_proj), w(a.v_proj), w(a.o_proj)
         self.gate, self.up, self.down = w(m.gate_proj), w(m.up_proj), w(m.down_proj)
         self.ln1 = w(hf_layer.input_layernorm)
