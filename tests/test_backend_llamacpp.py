@@ -223,15 +223,12 @@ def test_program_suite_on_llama_cpp(backend, case):
 
 @pytest.mark.server
 def test_429_then_success_and_stall_timeout(server):
-    with FaultProxy(server.url, plan=[429, "pass", "stall"]) as proxy:
-        b = LlamaCppBackend(proxy.url, model="smollm2", tokenizer="", backoff=0.01, max_retries=2,
-                            timeout=2.0, max_concurrency=1)
-        b._version, b._caps, b._detected = None, b._capabilities_for(None), True
+    with FaultProxy(server.url, plan=[429, "pass"]) as proxy:
+        b = LlamaCppBackend(proxy.url, model="smollm2", tokenizer="", backoff=0.01, max_retries=2)
         [ok] = b.generate([GenerateRequest(prompt="x", constraint=RegexSpec("[a-z]{3}"))])
         assert re.fullmatch("[a-z]{3}", ok.text) and b.stats()["retries"] == 1
-        b.http.config = b.http.config.__class__(proxy.url, read_timeout=2.0,
-                                                retry=b.http.config.retry.__class__(max_retries=0))
-        b.http._sync = None
+    with FaultProxy(server.url, plan=["stall"]) as proxy:
+        b = LlamaCppBackend(proxy.url, model="smollm2", tokenizer="", timeout=2.0, max_retries=0)
         t0 = time.monotonic()
         [stalled] = b.generate([GenerateRequest(prompt="y")])
         assert isinstance(stalled, BackendError) and "stalled" in str(stalled)
