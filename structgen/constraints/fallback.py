@@ -161,14 +161,21 @@ def _try(schema: Any, options: dict, tokenizer: Any) -> tuple[str | None, Any, l
     return grammar, matcher, [_first_line(m) for m in matcher.get_grammar_warnings()]
 
 
-def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = False) -> SchemaGrammar:
+def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = False,
+                   plain: bool = False) -> SchemaGrammar:
     """The best grammar llguidance can build for ``schema`` (already meta-checked).
 
-    ``tokenizer`` is an ``llguidance.LLTokenizer``. Raises
+    ``tokenizer`` is an ``llguidance.LLTokenizer``. ``plain``: the schema uses only
+    keywords the engine enforces exactly (:func:`structgen.constraints.metacheck.scan_schema`),
+    so it is tried as it is before normalising. Raises
     :class:`~structgen.errors.ConstraintError` only if even "any JSON value" fails.
     """
-    norm = normalize_schema(schema)
     base = {"whitespace_flexible": whitespace_flexible}
+    if plain and isinstance(schema, dict):
+        grammar, matcher, messages = _try(schema, base, tokenizer)
+        if grammar is not None:
+            return SchemaGrammar(grammar, True, "exact", tuple(messages), schema, matcher)
+    norm = normalize_schema(schema)
     notes: list[str] = [f"normalisation widened: {r}" for r in norm.relaxed]
     attempts: list[tuple[str, Callable[[], Any], dict]] = [
         ("exact", lambda: norm.schema, base),

@@ -17,7 +17,7 @@ import re
 import warnings
 from typing import Any
 
-__all__ = ["meta_errors"]
+__all__ = ["Scan", "meta_errors", "scan_schema"]
 
 _TYPE_NAMES = frozenset({"array", "boolean", "integer", "null", "number", "object", "string"})
 _SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas")
@@ -76,23 +76,53 @@ class _Bad(Exception):
         self.path = path
 
 
+class Scan:
+    """What one walk found: the first problem, every ``$ref``, and whether the schema is
+    *plain* -- only keywords the engine enforces exactly with the validator's meaning, so
+    normalisation can be skipped."""
+
+    __slots__ = ("problem", "refs", "plain")
+
+    def __init__(self, draft: int) -> None:
+        self.problem: tuple[str, list] | None = None
+        self.refs: list[str] = []
+        self.plain = draft >= 6
+
+
+# keywords llguidance enforces exactly, with the same meaning in drafts 6 .. 2020-12
+_PLAIN = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems",
+    "maxItems", "anyOf", "format", "title", "description", "default", "examples", "$schema", "$comment",
+    "$id", "patternProperties",
+})
+_PLAIN_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6",
+                            "uri", "uuid"})
+
+
+def scan_schema(schema: Any, draft: int) -> Scan:
+    """One walk: meta-schema problems (first one), ``$ref`` s, plainness."""
+    scan = Scan(draft)
+    try:
+        _check(schema, draft, [], 0, scan)
+    except _Bad as bad:
+        scan.problem = (bad.message, bad.path)
+    except RecursionError:
+        scan.problem = ("schema nested too deeply", [])
+    return scan
+
+
 def meta_errors(schema: Any, draft: int) -> tuple[str, list] | None:
     """The first meta-schema violation in ``schema`` (draft 4, 6, 7, 2019 or 2020), or None."""
-    try:
-        _check(schema, draft, [], 0)
-    except _Bad as bad:
-        return bad.message, bad.path
-    except RecursionError:
-        return "schema nested too deeply", []
-    return None
+    return scan_schema(schema, draft).problem
 
 
-def _schema(s: Any, draft: int, path: list, depth: int) -> None:
+def _schema(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
     if isinstance(s, bool) and draft >= 6:
         return
     if not isinstance(s, dict):
         raise _Bad(f"{_short(s)} is not of type 'object'" + ("" if draft < 6 else ", 'boolean'"), path)
-    _check(s, draft, path, depth + 1)
+    _check(s, draft, path, depth + 1, scan)
 
 
 def _short(x: Any) -> str:
@@ -100,7 +130,7 @@ def _short(x: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _check(s: Any, draft: int, path: list, depth: int) -> None:
+def _check(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
     if depth > 500:
         raise _Bad("schema nested too deeply", path)
     if isinstance(s, bool):
@@ -113,6 +143,10 @@ def _check(s: Any, draft: int, path: list, depth: int) -> None:
     for k, v in s.items():
         if k in ignored:
             continue
+        if scan.plain and (k not in _PLAIN or (k == "format" and v not in _PLAIN_FORMATS)):
+            scan.plain = False
+        if k == "$ref" and isinstance(v, str):
+            scan.refs.append(v)
         p = path + [k]
         if k == "type":
             names = v if isinstance(v, list) else [v]
@@ -127,32 +161,32 @@ def _check(s: Any, draft: int, path: list, depth: int) -> None:
             if not isinstance(v, dict):
                 raise _Bad(f"{_short(v)} is not of type 'object'", p)
             for pk, pv in v.items():
-                _schema(pv, draft, p + [pk], depth)
+                _schema(pv, draft, p + [pk], depth, scan)
         elif k in _SCHEMA_ONE:
             if k == "additionalProperties" or k == "additionalItems":
                 if isinstance(v, bool):
                     continue
-            _schema(v, draft, p, depth)
+            _schema(v, draft, p, depth, scan)
         elif k in _SCHEMA_LISTS:
             if not isinstance(v, list):
                 raise _Bad(f"{_short(v)} is not of type 'array'", p)
             if not v:
                 raise _Bad(f"{v!r} should be non-empty", p)
             for i, x in enumerate(v):
-                _schema(x, draft, p + [i], depth)
+                _schema(x, draft, p + [i], depth, scan)
         elif k == "items":
             if isinstance(v, list) and draft < 2020:
                 if draft <= 4 and not v:
                     raise _Bad(f"{v!r} should be non-empty", p)
                 for i, x in enumerate(v):
-                    _schema(x, draft, p + [i], depth)
+                    _schema(x, draft, p + [i], depth, scan)
             else:
-                _schema(v, draft, p, depth)
+                _schema(v, draft, p, depth, scan)
         elif k == "prefixItems" and draft >= 2020:
             if not isinstance(v, list) or not v:
                 raise _Bad(f"{_short(v)} is not a non-empty array", p)
             for i, x in enumerate(v):
-                _schema(x, draft, p + [i], depth)
+                _schema(x, draft, p + [i], depth, scan)
         elif k in _COUNTS:
             if not _count(v):
                 raise _Bad(f"{_short(v)} is not of type 'integer'" if not _num(v) else
@@ -204,7 +238,7 @@ def _check(s: Any, draft: int, path: list, depth: int) -> None:
                     if not all(isinstance(x, str) for x in dv):
                         raise _Bad(f"{_short(dv)} is not valid under any of the given schemas", p + [dk])
                 else:
-                    _schema(dv, draft, p + [dk], depth)
+                    _schema(dv, draft, p + [dk], depth, scan)
         elif k == "dependentRequired" and draft >= 2019:
             if not isinstance(v, dict):
                 raise _Bad(f"{_short(v)} is not of type 'object'", p)

@@ -97,7 +97,7 @@ _NEWER = {  # keywords a draft's validator does not know (ignored: dropping them
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7),
            ("2019-09", 2019), ("2020-12", 2020))
 
-_SHARED_NODES = 400         # a $ref target used more than once is inlined only below this size
+_SHARED_NODES = 40          # a $ref target used more than once is inlined only below this size
 _MAX_DEPS = 6               # dependencies expanded to anyOf pairs
 _MAX_ONEOF = 6              # oneOf branches rewritten exactly
 
@@ -292,6 +292,19 @@ class _Normalizer:
             self.defs[name] = self._norm_target(ptr, hoisting=True)
             self.def_reasons[ptr] = tuple(self.relaxed[mark:])
         return {"$ref": f"#/$defs/{name}"}
+
+    def hoisted_target(self, s: dict) -> Any:
+        """The normalised schema behind a hoisted, non-cyclic reference (else None)."""
+        ref = s.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+            return None
+        name = ref[len("#/$defs/"):]
+        for ptr, n in self.hoisted.items():
+            if n == name:
+                if ptr in self.cyclic or self.defs.get(name) is True:
+                    return None
+                return self.defs[name]
+        return None
 
     def _norm_target(self, ptr: str, hoisting: bool = False) -> Any:
         self.stack.append(ptr)
@@ -610,7 +623,10 @@ class _Normalizer:
         if not isinstance(s, dict):
             raise _Unexpressible
         if "$ref" in s:
-            raise _Unexpressible
+            target = self.hoisted_target(s)
+            if target is None or len(s) != 1:
+                raise _Unexpressible
+            return self.negate(target)
         alts: list = []
         ts = None
         if "type" in s:
