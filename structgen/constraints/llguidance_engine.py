@@ -53,7 +53,7 @@ import numpy as np
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, Matcher
 from structgen.constraints.bitmask import bitmask_words, row_pointer
 from structgen.constraints.fallback import schema_grammar
-from structgen.constraints.schema import checked_schema, prepare_schema
+from structgen.constraints.schema import prepare_schema, scan_checked
 from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
 from structgen.errors import ConstraintError
 
@@ -349,7 +349,8 @@ class LLGuidanceCompiler(ConstraintCompiler):
             schema = json.loads(spec.schema)
         except ValueError as exc:
             raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
-        built = schema_grammar(checked_schema(schema), self._vocab.tokenizer,
-                               whitespace_flexible=spec.whitespace == "flexible")
+        scan = scan_checked(schema)
+        built = schema_grammar(schema, self._vocab.tokenizer, whitespace_flexible=spec.whitespace == "flexible",
+                               plain=scan.plain)
         return LLGuidanceCompiled(spec, built.grammar, built.matcher, self._vocab, exact=built.exact,
                                   warnings=built.warnings)

@@ -87,18 +87,29 @@ def checked_schema(schema: Any) -> Any:
     """The compile path's check: the offline rule (no remote ``$ref``) and a fast structural
     meta-schema check (:mod:`structgen.constraints.metacheck`, microseconds where
     jsonschema's takes ~10 ms). Returns ``schema``; raises :class:`ConstraintError`."""
-    from structgen.constraints.metacheck import meta_errors
+    scan_checked(schema)
+    return schema
+
+
+def scan_checked(schema: Any) -> Any:
+    """:func:`checked_schema` returning the walk's :class:`~structgen.constraints.metacheck.Scan`
+    (its ``plain`` says normalisation can be skipped)."""
+    from structgen.constraints.metacheck import scan_schema
 
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON schema must be an object or a boolean", constraint=_dump(schema))
     cls = _validator_class(schema)
-    problem = meta_errors(schema, _DRAFT_NUMBERS.get(cls, 2020))
-    if problem is not None:
-        message, path = problem
+    scan = scan_schema(schema, _DRAFT_NUMBERS.get(cls, 2020))
+    if scan.problem is not None:
+        message, path = scan.problem
         raise ConstraintError(f"malformed JSON schema ({cls.__name__}): {message} at {error_path(path)}",
                               constraint=_dump(schema))
-    _reject_remote_refs(schema)
-    return schema
+    for ref in scan.refs:
+        if not ref.startswith("#"):
+            raise ConstraintError(
+                f"$ref {ref!r} points outside the schema; remote references are never fetched "
+                "(inline the referenced schema under $defs)", constraint=_dump(schema))
+    return scan
 
 
 def _reject_remote_refs(schema: Any) -> None:
