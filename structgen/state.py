@@ -178,6 +178,12 @@ class ProgramState:
             raise ProgramError(f"fork size must be a positive int, not {size!r}", program=self._run.program)
         self.sync()
         self._raise_if_failed()
+        backend = self._run.backend
+        if size > 1 and backend.capabilities.prefix_cache and self._interp.text:
+            try:  # the parent's text is computed once; the children then share its KV
+                backend.warm(self._interp.text)
+            except StructgenError:
+                pass  # an optimisation only: the children still run (and report) on their own
         group = self._run.fork_group_id()
         # children do not stream into the parent's stream
         children = [self._interp.fork(f"{group}/{i}") for i in range(size)]

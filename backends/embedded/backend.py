@@ -15,10 +15,16 @@ GIL, torch too), so constrained decoding costs about the same per token as free 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
+from structgen.backends.embedded.engine import Engine, EngineConfig
+from structgen.backends.embedded.loader import load_model
+from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
+from structgen.backends.embedded.runner import ModelRunner
+from structgen.backends.embedded.sequence import GenSequence
 
 from structgen.backend import (
     Backend,
@@ -29,10 +35,6 @@ from structgen.backend import (
     SelectResult,
     TextCallback,
 )
-from structgen.backends.embedded.loader import load_model
-from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
-from structgen.backends.embedded.runner import ModelRunner
-from structgen.backends.embedded.sequence import GenSequence
 from structgen.chat import ChatTemplate
 from structgen.constraints.spec import ConstraintSpec
 from structgen.errors import BackendError, ConstraintError, ProgramError, StructgenError
@@ -70,8 +72,14 @@ class EmbeddedBackend(Backend):
 
     ``device="auto"`` picks CUDA when available, else CPU; ``dtype=None`` picks float32 on
     CPU and bfloat16 (float16) on CUDA. ``prefix_cache_entries`` / ``prefix_cache_tokens``
-    bound the KV kept for reuse between program steps. ``overlap_mask=False`` computes
-    constraint masks inline (for benchmarking the overlap).
+    bound the KV kept for reuse between program steps on the unbatched path.
+    ``overlap_mask=False`` computes constraint masks inline (for benchmarking the overlap).
+
+    ``batched=True`` (default, Llama-architecture models): requests from every thread,
+    fork and batch item decode together in one :class:`Engine` -- radix prefix cache,
+    continuous cache-aware scheduling, an owned forward pass with shared-prefix attention,
+    jump-forward over forced tokens; ``engine=EngineConfig(...)`` sets its KV budget and
+    switches. ``batched=False`` serves each request alone on transformers' own cache.
     """
 
     name = "embedded"
@@ -81,9 +89,16 @@ class EmbeddedBackend(Backend):
 
     def __init__(self, model: Any = None, *, device: str = "auto", dtype: Any = None,
                  prefix_cache_entries: int = 8, prefix_cache_tokens: int = 16384,
-                 overlap_mask: bool = True):
+                 overlap_mask: bool = True, batched: bool = True,
+                 engine: EngineConfig | None = None):
         self.device = _pick_device(device)
         loaded = load_model(model, device=self.device, dtype=_pick_dtype(dtype, self.device))
+        #: the batched engine (radix cache, continuous scheduler, owned forward); None runs
+        #: each request alone on transformers' cache (the reference path)
+        self._engine: Engine | None = None
+        # the owned forward pass covers Llama-architecture models; others run unbatched
+        if batched and getattr(loaded.model.config, "model_type", None) == "llama":
+            self._engine = Engine(loaded.model, engine or EngineConfig())
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
         self._runner: ModelRunner | None = ModelRunner(
@@ -144,18 +159,66 @@ class EmbeddedBackend(Backend):
     # -- generate ---------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerateRequest], *,
                  on_text: TextCallback | None = None) -> list[GenerateResult | StructgenError]:
+        if self._engine is not None:
+            return self._generate_batched(requests, on_text)
         results: list[GenerateResult | StructgenError] = []
         for i, request in enumerate(requests):
             try:
                 results.append(self._generate_one(i, request, on_text))
             except StructgenError as exc:
                 results.append(exc.with_context(program=request.program, variable=request.variable))
-            except Exception as exc:  # torch / tokenizer failures: mapped at the boundary
+            except Exception as exc:  # noqa: BLE001 -- torch / tokenizer failures, mapped here
                 err = BackendError(f"generation failed: {type(exc).__name__}: {exc}", backend=self.name,
                                    program=request.program, variable=request.variable)
                 err.__cause__ = exc
                 results.append(err)
         return results
+
+    def _sequence(self, index: int, request: GenerateRequest, on_text: TextCallback | None) -> GenSequence:
+        self.check_generate(request)
+        compiled = self.compile(request.constraint) if request.constraint is not None else None
+        prompt_ids = self.encode(request.prompt) or [self.start_token_id]
+        emit = _emitter(index, on_text) if on_text is not None else None
+        return GenSequence(request, prompt_ids, decode=self._decode, eos_ids=self.eos_token_ids,
+                           vocab=self.vocab_size, compiled=compiled, emit=emit,
+                           token_text=self._token_text)
+
+    def _generate_batched(self, requests: Sequence[GenerateRequest],
+                          on_text: TextCallback | None) -> list[GenerateResult | StructgenError]:
+        """All requests (and those of concurrent callers) decode together in the engine."""
+        results: list[GenerateResult | StructgenError | None] = [None] * len(requests)
+        seqs: list[tuple[int, GenSequence]] = []
+        for i, request in enumerate(requests):
+            try:
+                seqs.append((i, self._sequence(i, request, on_text)))
+            except Exception as exc:  # noqa: BLE001 -- this request fails alone
+                results[i] = self._as_error(exc, request)
+        engine = self._engine
+        if engine is None:
+            raise BackendError("backend is closed", backend=self.name)
+        outcomes = engine.generate([g for _, g in seqs]) if seqs else []
+        for (i, gen), (err, counters) in zip(seqs, outcomes):
+            request = requests[i]
+            if err is not None:
+                results[i] = err.with_context(program=request.program, variable=request.variable)
+                continue
+            try:
+                results[i] = gen.result({"prompt_tokens": len(gen.prompt_ids), **counters})
+            except Exception as exc:  # noqa: BLE001
+                results[i] = self._as_error(exc, request)
+        return results  # type: ignore[return-value]
+
+    def _as_error(self, exc: BaseException, request: Any) -> StructgenError:
+        if isinstance(exc, StructgenError):
+            return exc.with_context(program=request.program, variable=request.variable)
+        err = BackendError(f"generation failed: {type(exc).__name__}: {exc}", backend=self.name,
+                           program=request.program, variable=request.variable)
+        err.__cause__ = exc
+        return err
+
+    def warm(self, prefix: str) -> None:
+        if self._engine is not None:
+            self._engine.warm(self.encode(prefix))
 
     def _generate_one(self, index: int, request: GenerateRequest,
                       on_text: TextCallback | None) -> GenerateResult:
@@ -215,7 +278,7 @@ class EmbeddedBackend(Backend):
                 results.append(self._select_one(request))
             except StructgenError as exc:
                 results.append(exc.with_context(program=request.program, variable=request.variable))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- torch failures, mapped here
                 err = BackendError(f"select failed: {type(exc).__name__}: {exc}", backend=self.name,
                                    program=request.program, variable=request.variable)
                 err.__cause__ = exc
@@ -241,6 +304,8 @@ class EmbeddedBackend(Backend):
         prompt_ids, fulls, starts = self.choice_tokens(request.prompt, request.choices)
         shared = min(starts)
         choice_ids = [f[k:] for f, k in zip(fulls, starts)]
+        if self._engine is not None:
+            return self._select_batched(request, prompt_ids, fulls, starts, shared, choice_ids)
         with self._lock:
             runner = self.runner()
             before = runner.counters.as_dict()
@@ -259,6 +324,23 @@ class EmbeddedBackend(Backend):
                 "computed_tokens": after["computed_tokens"] - before["computed_tokens"]}
         return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond, meta=meta)
 
+    def _select_batched(self, request: SelectRequest, prompt_ids: list[int], fulls: list[list[int]],
+                        starts: list[int], shared: int, choice_ids: list[list[int]]) -> SelectResult:
+        engine = self._engine
+        assert engine is not None
+        before = engine.stats()
+        if shared > 0:
+            prefix, conts, skip = prompt_ids[:shared], [f[shared:] for f in fulls], shared
+        else:
+            prefix, conts, skip = [self.start_token_id], fulls, 0
+        scored = engine.score(prefix, conts)
+        cond = [lp[k - skip:] for lp, k in zip(scored, starts)]
+        uncond = engine.score([self.start_token_id], choice_ids) if request.need_unconditional else None
+        after = engine.stats()
+        meta = {"prompt_tokens": len(prompt_ids), "choice_token_ids": choice_ids,
+                "scored_tokens": after["scored_tokens"] - before["scored_tokens"]}
+        return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond, meta=meta)
+
     # -- the rest of the contract ----------------------------------------------------------
     def chat_template(self) -> ChatTemplate | None:
         tok = self.tokenizer
@@ -268,6 +350,8 @@ class EmbeddedBackend(Backend):
                             name=f"{self.model_path} chat template")
 
     def stats(self) -> Mapping[str, Any]:
+        if self._engine is not None:
+            return self._engine.stats()
         with self._lock:
             if self._runner is None:
                 return {}
@@ -277,11 +361,16 @@ class EmbeddedBackend(Backend):
             return out
 
     def clear_prefix_cache(self) -> None:
+        if self._engine is not None:
+            self._engine.clear_cache()
         with self._lock:
             if self._runner is not None:
                 self._runner.prefix_cache.clear()
 
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         with self._lock:
             self._runner = None
             if self._pool is not None:
