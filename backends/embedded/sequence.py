@@ -8,9 +8,8 @@ model computes the next logits, since it touches only the matcher and the bitmas
 Finishing rules (SGLang semantics): EOS (unless ``ignore_eos``), a stop token id, a
 stop string or stop regex (the text ends before the match), the constraint completing
 (its matcher stopped), or ``max_new_tokens`` (``finish_reason="length"``). Before
-``min_new_tokens`` tokens only
-``max_new_tokens`` or the constraint completing ends a sequence. Under a constraint,
-EOS is allowed only where the matcher accepts.
+``min_new_tokens`` tokens, only ``max_new_tokens`` or the constraint completing ends a
+sequence. Under a constraint, EOS is allowed only where the matcher accepts.
 """
 
 from __future__ import annotations
