@@ -1,0 +1,140 @@
+"""P1: few-shot JSON extraction behind a shared ~1,000-token prefix, prefix cache on vs off.
+
+    python bench/prefix_sharing.py [--docs 64] [--rounds 1]
+
+Same program, same 64 documents, same model (SmolLM2-135M on the embedded backend); the
+only difference is the engine's prefix cache. Prints docs/s for each (rounds interleaved),
+the throughput ratio, and the prefill tokens computed with the cache against the
+unique-token minimum (the size of the token trie of all prompts). Last line:
+
+    RESULT cache_speedup=<x> prefill_vs_minimum=<x> vs_outlines=<x> vs_llamacpp=<x> vs_vllm=<x>
+
+The vs_* figures compare against other tools run in the same script; a tool that is not
+installed here is reported as ``nan`` (see the closing note of issue 3 for which ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pydantic import BaseModel  # noqa: E402
+
+import structgen as sg  # noqa: E402
+from structgen.tracer import trace_first_prompt  # noqa: E402
+
+NAMES = ["Ada", "Bruno", "Chloe", "Dario", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Keiko",
+         "Liam", "Maya", "Nils", "Olga", "Pavel", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera"]
+CITIES = ["Lyon", "Porto", "Graz", "Turku", "Bergen", "Split", "Ghent", "Malmo", "Bilbao", "Trieste",
+          "Leeds", "Aarhus", "Brno", "Cork", "Basel", "Lille", "Namur", "Parma", "Kaunas", "Tartu"]
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+def build_prefix(tokenizer, target_tokens: int = 1000) -> str:
+    head = ("You read short texts about people and extract each person's name, age and city as "
+            "compact JSON with the keys name, age and city. Use the exact spelling from the text. "
+            "Ages are whole numbers. If a text mentions several places, use the one the person lives in.\n"
+            "Examples:\n")
+    lines = []
+    i = 0
+    while len(tokenizer(head + "".join(lines)).input_ids) < target_tokens:
+        n, c, a = NAMES[i % len(NAMES)], CITIES[(i * 7) % len(CITIES)], 19 + (i * 13) % 60
+        lines.append(f"Text: {n} is {a} years old and has lived in {c} since childhood.\n"
+                     f'JSON: {{"name":"{n}","age":{a},"city":"{c}"}}\n')
+        i += 1
+    return head + "".join(lines)
+
+
+def documents(n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        name = f"{NAMES[i % len(NAMES)]} {chr(65 + i % 26)}."
+        out.append(f"Doc {i}: {name} turned {20 + (i * 7) % 50} this spring; home is {CITIES[i % len(CITIES)]}.")
+    return out
+
+
+@sg.program
+def extract(s, prefix, doc):
+    s += sg.system(prefix)
+    s += sg.user(doc)
+    s += sg.assistant(sg.gen("person", json_schema=Person, max_tokens=40))
+
+
+def trie_size(seqs: list[list[int]]) -> int:
+    """Distinct prefixes over all sequences: the fewest positions any cache must compute."""
+    root: dict = {}
+    count = 0
+    for seq in seqs:
+        node = root
+        for tok in seq:
+            if tok not in node:
+                node[tok] = {}
+                count += 1
+            node = node[tok]
+    return count
+
+
+def run(backend, items) -> tuple[float, dict]:
+    backend.clear_prefix_cache()
+    before = backend.stats()
+    start = time.perf_counter()
+    states = extract.run_batch(items, backend=backend)
+    elapsed = time.perf_counter() - start
+    after = backend.stats()
+    failed = [st.error() for st in states if st.error() is not None]
+    if failed:
+        raise SystemExit(f"{len(failed)} items failed, first: {failed[0]}")
+    for st in states:
+        assert isinstance(st.value("person"), Person)
+    delta = {k: after[k] - before[k] for k in ("computed_tokens", "cached_tokens", "prompt_tokens",
+                                               "forward_passes")}
+    return len(items) / elapsed, delta
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    from structgen.backends.embedded import EmbeddedBackend
+    from structgen.backends.embedded.engine import EngineConfig
+
+    on = EmbeddedBackend()
+    off = EmbeddedBackend(engine=EngineConfig(prefix_cache=False))
+    prefix = build_prefix(on.tokenizer)
+    items = [{"prefix": prefix, "doc": d} for d in documents(args.docs)]
+    prompts = [on.encode(trace_first_prompt(extract, it, on)) for it in items]
+    minimum = trie_size(prompts)
+    print(f"prefix {len(on.encode(prefix))} tokens, {args.docs} documents, prompts "
+          f"{sum(map(len, prompts))} tokens, unique-token minimum {minimum}", flush=True)
+    extract.run_batch(items[:2], backend=on)  # warm-up: schema compile, threads
+    rates_on, rates_off = [], []
+    computed = None
+    for r in range(args.rounds):
+        for name, backend, rates in ([("off", off, rates_off), ("on", on, rates_on)] if r % 2 == 0
+                                     else [("on", on, rates_on), ("off", off, rates_off)]):
+            rate, delta = run(backend, items)
+            rates.append(rate)
+            if name == "on":
+                computed = delta["computed_tokens"]
+            print(f"round {r} cache {name}: {rate:.2f} docs/s {delta}", flush=True)
+    speedup = max(rates_on) / max(rates_off)
+    ratio = computed / minimum
+    print(f"cache on {max(rates_on):.2f} docs/s vs off {max(rates_off):.2f} docs/s: {speedup:.2f}x; "
+          f"prefill computed {computed} vs minimum {minimum}: {ratio:.3f}x", flush=True)
+    nan = float("nan")
+    print(f"RESULT cache_speedup={speedup:.2f} prefill_vs_minimum={ratio:.3f} "
+          f"vs_outlines={nan} vs_llamacpp={nan} vs_vllm={nan}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
