@@ -232,7 +232,7 @@ class Engine:
                                    slots=self.pool.slot_mapping(e.seq.blocks, 0, e.end)))
         logits = self.model.forward(self.model.prepare(inputs), self.kv)
         self.forward_passes += 1
-        rows = logits.float()
+        rows = logits.float().cpu()  # the sampler and the masks work on CPU rows (one copy per step)
         sampling: list[tuple[_Job, int]] = []
         for i, e in enumerate(batch.entries):
             job = jobs[id(e.seq)]
@@ -248,7 +248,7 @@ class Engine:
             gen = job.gen
             assert gen is not None
             try:
-                token = gen.pick(rows[i].clone() if rows.device.type != "cpu" else rows[i])
+                token = gen.pick(rows[i])
                 self.generated_tokens += 1
                 finished = gen.accept(token)
                 forced: list[int] = []
