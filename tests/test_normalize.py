@@ -220,6 +220,50 @@ def test_relax_and_skeleton_only_widen():
             assert v0.is_valid(x) <= v1.is_valid(x), (x, loose)
 
 
+def test_ladder_compiles_lookaround_looser_and_validation_guards(tokenizer):
+    from structgen.constraints.compiler import CompileCache, compiler_for
+    from structgen.constraints.spec import json_schema_spec
+    from structgen.errors import OutputValidationError
+    from structgen.validation import validate_output
+
+    compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=8))
+    spec = json_schema_spec({"type": "object", "properties": {"id": {"type": "string", "pattern": "^(?!x)[a-z]+$"}},
+                             "required": ["id"], "additionalProperties": False})
+    compiled = compiler.compile(spec)
+    assert compiled.exact is False
+    assert any("look-around" in w for w in compiled.warnings)
+    m = compiled.matcher()
+    assert m.consume_many(tokenizer.encode('{"id":"xyz"}', add_special_tokens=False)) and m.is_accepting()
+    with pytest.raises(OutputValidationError) as info:  # what the user sees instead of the value
+        validate_output(spec, '{"id":"xyz"}')
+    assert info.value.errors and "$.id" in info.value.errors[0]
+    assert validate_output(spec, '{"id":"abc"}') == {"id": "abc"}
+
+
+def test_plain_schema_compiles_exactly_as_given(tokenizer):
+    from structgen.constraints.compiler import CompileCache, compiler_for
+    from structgen.constraints.spec import json_schema_spec
+
+    compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=8))
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+    compiled = compiler.compile(json_schema_spec(schema))
+    assert compiled.exact and compiled.warnings == ()
+    m = compiled.matcher()  # llguidance emits properties in the order the schema lists them
+    assert m.consume_many(tokenizer.encode('{"b":1,"a":"x"}', add_special_tokens=False)) and m.is_accepting()
+
+
+def test_one_of_needs_no_coercion_after_normalisation(tokenizer):
+    from structgen.constraints.compiler import CompileCache, compiler_for
+    from structgen.constraints.spec import json_schema_spec
+
+    compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=8))
+    schema = {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+              "oneOf": [{"properties": {"kind": {"const": "a"}}, "required": ["kind", "x"]},
+                        {"properties": {"kind": {"const": "b"}}, "required": ["kind"]}]}
+    compiled = compiler.compile(json_schema_spec(schema))
+    assert compiled.exact
+
+
 # --- the fast meta-check agrees with jsonschema on what it rejects -------------------------------
 
 

@@ -162,17 +162,17 @@ def _try(schema: Any, options: dict, tokenizer: Any) -> tuple[str | None, Any, l
 
 
 def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = False,
-                   plain: bool = False) -> SchemaGrammar:
+                   plain: bool = False, text: str | None = None) -> SchemaGrammar:
     """The best grammar llguidance can build for ``schema`` (already meta-checked).
 
     ``tokenizer`` is an ``llguidance.LLTokenizer``. ``plain``: the schema uses only
     keywords the engine enforces exactly (:func:`structgen.constraints.metacheck.scan_schema`),
-    so it is tried as it is before normalising. Raises
+    so it is tried as it is before normalising (``text``: its JSON, if at hand). Raises
     :class:`~structgen.errors.ConstraintError` only if even "any JSON value" fails.
     """
     base = {"whitespace_flexible": whitespace_flexible}
     if plain and isinstance(schema, dict):
-        grammar, matcher, messages = _try(schema, base, tokenizer)
+        grammar, matcher, messages = _try(schema if text is None else text, base, tokenizer)
         if grammar is not None:
             return SchemaGrammar(grammar, True, "exact", tuple(messages), schema, matcher)
     norm = normalize_schema(schema)

@@ -86,10 +86,11 @@ class Scan:
     def __init__(self, draft: int) -> None:
         self.problem: tuple[str, list] | None = None
         self.refs: list[str] = []
-        self.plain = draft >= 6
+        self.plain = draft >= 4
 
 
-# keywords llguidance enforces exactly, with the same meaning in drafts 6 .. 2020-12
+# keywords llguidance enforces exactly, with the same meaning in drafts 4 .. 2020-12
+# (draft-04's boolean exclusive bounds and its unknown `const` are excluded above)
 _PLAIN = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "enum", "const", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems",
@@ -141,10 +142,11 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
         raise _Bad(f"{_short(s)} is not of type 'object', 'boolean'", path)
     ignored = _IGNORED.get(draft, ())
     for k, v in s.items():
+        if scan.plain and (k in ignored or k not in _PLAIN or (k == "format" and v not in _PLAIN_FORMATS)
+                           or (draft <= 4 and k in ("exclusiveMinimum", "exclusiveMaximum"))):
+            scan.plain = False  # the engine would read it otherwise than the draft's validator
         if k in ignored:
             continue
-        if scan.plain and (k not in _PLAIN or (k == "format" and v not in _PLAIN_FORMATS)):
-            scan.plain = False
         if k == "$ref" and isinstance(v, str):
             scan.refs.append(v)
         p = path + [k]

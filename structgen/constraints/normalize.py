@@ -538,7 +538,11 @@ class _Normalizer:
         if len(branches) == 1:
             del s["oneOf"]
             return self.conj([s, branches[0]])
-        if self.pairwise_disjoint(branches):
+        # the instance also satisfies the siblings' type: check disjointness within it
+        typed = branches
+        if isinstance(s.get("type"), (str, list)):
+            typed = [dict(b, type=s["type"]) if isinstance(b, dict) and "type" not in b else b for b in branches]
+        if self.pairwise_disjoint(typed):
             del s["oneOf"]
             if "anyOf" in s:
                 s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": branches}]
