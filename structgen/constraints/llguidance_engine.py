@@ -351,6 +351,6 @@ class LLGuidanceCompiler(ConstraintCompiler):
             raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
         scan = scan_checked(schema)
         built = schema_grammar(schema, self._vocab.tokenizer, whitespace_flexible=spec.whitespace == "flexible",
-                               plain=scan.plain)
+                               plain=scan.plain, text=spec.schema)
         return LLGuidanceCompiled(spec, built.grammar, built.matcher, self._vocab, exact=built.exact,
                                   warnings=built.warnings)
