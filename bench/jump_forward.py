@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pick_schemas(directory: Path, n: int, backend) -> list[dict]:
-    """Glaive object schemas with at least 4 properties that compile exactly."""
+    """Glaive object schemas with at least 3 required properties that compile exactly."""
     out = []
-    for path in sorted(directory.glob("Glaiveai2K_*.json")):
+    for path in sorted(directory.glob("Glaiveai2K---*.json")):
         schema = json.loads(path.read_text())["schema"]
         props = schema.get("properties") if isinstance(schema, dict) else None
-        if not props or len(props) < 4 or len(json.dumps(schema)) > 3000:
+        if not props or len(schema.get("required", [])) < 3 or len(json.dumps(schema)) > 3000:
             continue
         try:
             if not backend.compile(json_schema_spec(schema)).exact:
@@ -56,6 +56,8 @@ def main() -> None:
 
     be = EmbeddedBackend(batched=False)  # loads the model; engines below share its weights
     schemas = pick_schemas(Path(args.dir), args.schemas, be)
+    if not schemas:
+        raise SystemExit(f"no usable Glaiveai2K schemas under {args.dir}")
     tpl = be.chat_template()
     reqs = []
     for schema in schemas:
