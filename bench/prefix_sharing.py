@@ -1,6 +1,7 @@
 """P1: few-shot JSON extraction behind a shared ~1,000-token prefix, prefix cache on vs off.
 
     python bench/prefix_sharing.py [--docs 64] [--rounds 1]
+        [--competitors outlines,llamacpp,vllm] [--competitor-docs N]
 
 Same program, same 64 documents, same model (SmolLM2-135M on the embedded backend); the
 only difference is the engine's prefix cache. Prints docs/s for each (rounds interleaved),
@@ -11,6 +12,10 @@ unique-token minimum (the size of the token trie of all prompts). Last line:
 
 The vs_* figures compare against other tools run in the same script; a tool that is not
 installed here is reported as ``nan`` (see the closing note of issue 3 for which ran).
+P2: ``--competitors`` names the tools to run (default none; see bench/competitors.py), on the
+same traced prompts, model, schema and max tokens; ``--competitor-docs N`` gives Outlines and
+llama.cpp only the first N documents (vLLM always gets all). Ratios compare docs/s, so a
+subset compares fairly: vs_<tool> = structgen docs/s (cache on) / the tool's docs/s.
 """
 
 from __future__ import annotations
@@ -104,6 +109,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--competitors", default="",
+                    help="comma-separated subset of outlines,llamacpp,vllm (default: none)")
+    ap.add_argument("--competitor-docs", type=int, default=None,
+                    help="documents for outlines and llama.cpp (default: all)")
+    ap.add_argument("--competitor-logs", default="/tmp/structgen-p2-logs")
     args = ap.parse_args()
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.backends.embedded.engine import EngineConfig
@@ -131,9 +141,28 @@ def main() -> None:
     ratio = computed / minimum
     print(f"cache on {max(rates_on):.2f} docs/s vs off {max(rates_off):.2f} docs/s: {speedup:.2f}x; "
           f"prefill computed {computed} vs minimum {minimum}: {ratio:.3f}x", flush=True)
-    nan = float("nan")
+    vs = {name: float("nan") for name in ("outlines", "llamacpp", "vllm")}
+    names = [n.strip() for n in args.competitors.split(",") if n.strip()]
+    if names:
+        from bench.competitors import ratio as tool_ratio
+        from bench.competitors import run_competitors
+        from structgen.backends.embedded.loader import default_gguf_path, resolve_model_dir
+
+        texts = [trace_first_prompt(extract, it, on) for it in items]
+        schema = Person.model_json_schema()
+        results = run_competitors(names, texts, schema, 40, subset=args.competitor_docs,
+                                  model_dir=str(resolve_model_dir()), gguf=str(default_gguf_path()),
+                                  log_dir=Path(args.competitor_logs))
+        rate = max(rates_on)
+        for name, res in results.items():
+            if name in vs:
+                vs[name] = tool_ratio(rate, res)
+                print(f"structgen {rate:.2f} docs/s vs {name} {res.docs_per_s:.3f} docs/s: {vs[name]:.2f}x "
+                      f"({res.valid}/{res.docs} valid)" if res.error is None else
+                      f"vs_{name}=nan: {res.error}", flush=True)
     print(f"RESULT cache_speedup={speedup:.2f} prefill_vs_minimum={ratio:.3f} "
-          f"vs_outlines={nan} vs_llamacpp={nan} vs_vllm={nan}", flush=True)
+          f"vs_outlines={vs['outlines']:.2f} vs_llamacpp={vs['llamacpp']:.2f} vs_vllm={vs['vllm']:.2f}",
+          flush=True)
 
 
 if __name__ == "__main__":

