@@ -24,23 +24,7 @@ from programs import (
     react,
     regex_gen,
 )
-
-
-def _whitespace_outside_strings(raw: str) -> bool:
-    in_str = escaped = False
-    for ch in raw:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch.isspace():
-            return True
-    return False
+from tests.jsontext import outside_strings
 
 
 def check_few_shot_qa(backend):
@@ -69,7 +53,7 @@ def check_json_extraction(backend):
         raw = st["person"]
         jsonschema.validate(json.loads(raw), schema)
         assert isinstance(st.value("person"), json_extraction.Person)
-        assert not _whitespace_outside_strings(raw), raw  # compact JSON by default
+        assert not any(ch.isspace() for ch in outside_strings(raw)), raw  # compact JSON by default
 
 
 def check_regex_gen(backend):

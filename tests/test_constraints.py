@@ -25,8 +25,16 @@ from structgen.constraints.bitmask import (
     apply_token_bitmask_inplace,
     bitmask_words,
 )
-from structgen.constraints.compiler import CompileCache, compiler_for, default_cache, tokenizer_fingerprint
-from structgen.constraints.llguidance_engine import LLGuidanceMatcher, python_regex_to_rust
+from structgen.constraints.compiler import (
+    CompileCache,
+    compiler_for,
+    default_cache,
+    tokenizer_fingerprint,
+)
+from structgen.constraints.llguidance_engine import (
+    LLGuidanceMatcher,
+    python_regex_to_rust,
+)
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
@@ -38,6 +46,7 @@ from structgen.constraints.spec import (
 )
 from structgen.errors import ConstraintError
 from structgen.validation import validate_output
+from tests.jsontext import outside_strings
 
 SEEDS = range(12)
 
@@ -116,24 +125,6 @@ def random_walk(compiler, lltok, structural, spec, seed: int, *, max_steps: int 
     assert matcher.consume(eos)
     assert matcher.is_stopped() and matcher.error() is None
     return lltok.decode_bytes(tokens).decode("utf-8")
-
-
-def outside_strings(text: str) -> str:
-    """The characters of a JSON text that are not inside string literals."""
-    out, in_str, escaped = [], False, False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def allowed_now(matcher, compiler) -> np.ndarray:
