@@ -41,7 +41,7 @@ __all__ = ["Engine", "EngineConfig"]
 @dataclass(frozen=True)
 class EngineConfig:
     """``kv_tokens``: KV budget in tokens (the pool's size; SmolLM2-135M in fp32 takes
-    92 KiB per token, so the default 16,384 is 1.5 GiB). ``prefix_cache``: reuse
+    45 KiB per token, so the default 16,384 is 0.7 GiB). ``prefix_cache``: reuse
     cached prefixes across sequences (off = recompute every prompt). ``jump_forward``:
     append a constraint's forced tokens without sampling. ``max_running``: sequences
     decoding at once. ``max_prefill_tokens``: tokens per prefill pass."""
