@@ -387,7 +387,7 @@ def pct(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    k = min(len(s) - 1, max(0, int(round(p / 100.0 * (len(s) - 1)))))
+    k = min(len(s) - 1, max(0, round(p / 100.0 * (len(s) - 1))))
     return s[k]
 
 
@@ -458,8 +458,9 @@ def print_table(summaries: list[dict]) -> None:
 def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> None:
     """The embedded model (greedy) under each looser constraint: how often does its
     output then pass the final validation? What the user sees when it does not."""
-    from structgen.backend import GenerateRequest, SamplingParams
     from structgen.backends.embedded import EmbeddedBackend
+
+    from structgen.backend import GenerateRequest, SamplingParams
     from structgen.constraints.spec import json_schema_spec
     from structgen.errors import OutputValidationError, StructgenError
     from structgen.validation import validate_output
@@ -529,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         names = sorted(random.Random(args.seed).sample(names, args.limit))
     workers = {e: Worker(e) for e in engines}
     rows: dict[str, list[dict]] = {e: [] for e in engines}
-    out = open(args.out, "w", encoding="utf-8") if args.out else None
+    out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115 - closed below
     t_start = time.monotonic()
     try:
         for i, name in enumerate(names):

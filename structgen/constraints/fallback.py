@@ -26,15 +26,16 @@ Widening is only sound in positive positions; normalisation leaves no ``not`` /
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import llguidance
 
-from structgen.constraints.normalize import normalize_schema, _types
+from structgen.constraints.normalize import _types, normalize_schema
 from structgen.errors import ConstraintError
 
-__all__ = ["SchemaGrammar", "schema_grammar", "relax", "skeleton", "RUNGS"]
+__all__ = ["RUNGS", "SchemaGrammar", "relax", "schema_grammar", "skeleton"]
 
 RUNGS = ("exact", "coerce", "lenient", "relaxed", "skeleton", "type", "any")
 
@@ -184,7 +185,7 @@ def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = F
         ("relaxed", lambda: relax(norm.schema), {**base, "coerce_one_of": True, "lenient": True}),
         ("skeleton", lambda: skeleton(norm.schema), {**base, "coerce_one_of": True, "lenient": True}),
         ("type", lambda: _top_types(norm.schema), {**base, "lenient": True}),
-        ("any", lambda: {}, base),
+        ("any", dict, base),
     ]
     for rung, make, options in attempts:
         candidate = make()

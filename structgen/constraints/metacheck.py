@@ -81,7 +81,7 @@ class Scan:
     *plain* -- only keywords the engine enforces exactly with the validator's meaning, so
     normalisation can be skipped."""
 
-    __slots__ = ("problem", "refs", "plain")
+    __slots__ = ("plain", "problem", "refs")
 
     def __init__(self, draft: int) -> None:
         self.problem: tuple[str, list] | None = None
@@ -118,7 +118,7 @@ def meta_errors(schema: Any, draft: int) -> tuple[str, list] | None:
     return scan_schema(schema, draft).problem
 
 
-def _schema(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
+def _schema(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
     if isinstance(s, bool) and draft >= 6:
         return
     if not isinstance(s, dict):
@@ -131,7 +131,7 @@ def _short(x: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _check(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
+def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
     if depth > 500:
         raise _Bad("schema nested too deeply", path)
     if isinstance(s, bool):
@@ -165,9 +165,8 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
             for pk, pv in v.items():
                 _schema(pv, draft, p + [pk], depth, scan)
         elif k in _SCHEMA_ONE:
-            if k == "additionalProperties" or k == "additionalItems":
-                if isinstance(v, bool):
-                    continue
+            if k in ("additionalProperties", "additionalItems") and isinstance(v, bool):
+                continue
             _schema(v, draft, p, depth, scan)
         elif k in _SCHEMA_LISTS:
             if not isinstance(v, list):
@@ -247,6 +246,5 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: "Scan") -> None:
             for dk, dv in v.items():
                 if not isinstance(dv, list) or not all(isinstance(x, str) for x in dv):
                     raise _Bad(f"{_short(dv)} is not of type 'array'", p + [dk])
-        elif k in ("$id", "id") and (k == "$id" or draft <= 4):
-            if not isinstance(v, str):
-                raise _Bad(f"{_short(v)} is not of type 'string'", p)
+        elif k in ("$id", "id") and (k == "$id" or draft <= 4) and not isinstance(v, str):
+            raise _Bad(f"{_short(v)} is not of type 'string'", p)

@@ -26,14 +26,13 @@ a value that is not a schema at all raises :class:`~structgen.errors.ConstraintE
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 from structgen.errors import ConstraintError
 
-__all__ = ["Normalized", "normalize", "normalize_schema", "ENGINE_FORMATS"]
+__all__ = ["ENGINE_FORMATS", "Normalized", "normalize", "normalize_schema"]
 
 #: formats the engine (llguidance) enforces; any other format is dropped.
 ENGINE_FORMATS = frozenset(
@@ -366,9 +365,8 @@ class _Normalizer:
             s.pop(k, None)  # not a keyword in this draft: validators ignore it
         if self.draft <= 4:
             for lo, ex in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-                if isinstance(s.get(ex), bool):
-                    if s.pop(ex) and lo in s:
-                        s[ex] = s.pop(lo)
+                if isinstance(s.get(ex), bool) and s.pop(ex) and lo in s:
+                    s[ex] = s.pop(lo)
         if isinstance(s.get("items"), list):
             s["prefixItems"] = s.pop("items")
             if "additionalItems" in s:
@@ -401,9 +399,7 @@ class _Normalizer:
             elif k in ("additionalProperties", "items", "contains", "propertyNames",
                        "unevaluatedProperties", "unevaluatedItems") and isinstance(v, (dict, bool)):
                 out[k] = self.norm(v)
-            elif k == "prefixItems" and isinstance(v, list):
-                out[k] = [self.norm(x) for x in v]
-            elif k in ("allOf", "anyOf", "oneOf") and isinstance(v, list) and v:
+            elif k == "prefixItems" and isinstance(v, list) or k in ("allOf", "anyOf", "oneOf") and isinstance(v, list) and v:
                 out[k] = [self.norm(x) for x in v]
             elif k in ("not", "if", "then", "else"):
                 out[k] = self.norm(v)
@@ -488,7 +484,7 @@ class _Normalizer:
                 pairs.append((k, self.conj([{"required": [k]}, v])))
         if not pairs:
             return
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        props: dict = s["properties"] if isinstance(s.get("properties"), dict) else {}
         closed = s.get("additionalProperties") is False and not s.get("patternProperties")
         keep = []
         for k, branch in pairs:
@@ -506,7 +502,7 @@ class _Normalizer:
             s["allOf"] = list(s.get("allOf") or []) + keep
 
     def min_max_properties(self, s: dict) -> None:
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        props: dict = s["properties"] if isinstance(s.get("properties"), dict) else {}
         required = [r for r in (s.get("required") or []) if isinstance(r, str)]
         closed = s.get("additionalProperties") is False and not s.get("patternProperties")
         mx = s.get("maxProperties")
@@ -769,9 +765,9 @@ def _disjoint(a: Any, b: Any) -> bool:
                 if k in pa and k in pb and _disjoint(pa[k], pb[k]):
                     return True
             for x, px, y, ry in ((a, pa, b, rb), (b, pb, a, ra)):
-                if x.get("additionalProperties") is False and not x.get("patternProperties"):
-                    if any(k not in px for k in ry):
-                        return True
+                if x.get("additionalProperties") is False and not x.get("patternProperties") \
+                        and any(k not in px for k in ry):
+                    return True
             for k in ra:
                 if pb.get(k) is False:
                     return True
