@@ -54,7 +54,13 @@ from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, M
 from structgen.constraints.bitmask import bitmask_words, row_pointer
 from structgen.constraints.fallback import schema_grammar
 from structgen.constraints.schema import prepare_schema, scan_checked
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
 from structgen.errors import ConstraintError
 
 __all__ = ["LLGuidanceCompiled", "LLGuidanceCompiler", "LLGuidanceMatcher", "python_regex_to_rust", "to_grammar"]
