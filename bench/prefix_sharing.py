@@ -95,13 +95,19 @@ def run(backend, items) -> tuple[float, dict]:
     states = extract.run_batch(items, backend=backend)
     elapsed = time.perf_counter() - start
     after = backend.stats()
-    failed = [st.error() for st in states if st.error() is not None]
-    if failed:
-        raise SystemExit(f"{len(failed)} items failed, first: {failed[0]}")
+    # a document whose output fails validation (the small model can ramble inside a string
+    # until max_tokens) is still served: the user gets a typed error with the raw text
+    valid = 0
     for st in states:
-        assert isinstance(st.value("person"), Person)
+        err = st.error()
+        if err is None:
+            assert isinstance(st.value("person"), Person)
+            valid += 1
+        elif not isinstance(err, sg.OutputValidationError):
+            raise SystemExit(f"item failed: {err}")
     delta = {k: after[k] - before[k] for k in ("computed_tokens", "cached_tokens", "prompt_tokens",
                                                "forward_passes")}
+    delta["valid"] = valid
     return len(items) / elapsed, delta
 
 
