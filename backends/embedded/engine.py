@@ -253,13 +253,10 @@ class Engine:
                 self.generated_tokens += 1
                 finished = gen.accept(token)
                 forced: list[int] = []
-                if not finished and self.config.jump_forward and gen.matcher is not None:
-                    for tok in gen.matcher.forced_tokens():
-                        forced.append(tok)
-                        self.generated_tokens += 1
-                        if gen.accept(tok):
-                            finished = True
-                            break
+                if (not finished and self.config.jump_forward and gen.matcher is not None
+                        and not gen.params.return_logprob):  # forced tokens have no sampled logprob
+                    forced, finished = _forced_run(gen)
+                    self.generated_tokens += len(forced)
             except BaseException as exc:  # noqa: BLE001 -- this sequence fails alone
                 job.error = exc
                 finished, forced = True, []
@@ -345,6 +342,19 @@ class Engine:
         if short > 0:
             self.pool.free(self.cache.evict(short))
         return self.pool.num_free >= need
+
+
+def _forced_run(gen: GenSequence) -> tuple[list[int], bool]:
+    """Accept the tokens the constraint forces after the last sampled one (llguidance's
+    fast-forward tokens: whole tokens only, so greedy output is unchanged).
+    ``(tokens, finished)``."""
+    forced: list[int] = []
+    assert gen.matcher is not None
+    for tok in gen.matcher.forced_tokens():
+        forced.append(tok)
+        if gen.accept(tok):
+            return forced, True
+    return forced, False
 
 
 def _compute_masks(gens: list[Any]) -> None:
