@@ -216,6 +216,8 @@ def run_competitors(names: list[str], prompts: list[str], schema: dict, max_toke
         except Exception as exc:  # noqa: BLE001 -- reported, figure stays nan
             res = Result(name, docs=n, error=f"{type(exc).__name__}: {exc}")
         out[name] = res
+        if res.outputs:  # every raw output, for checking the invalid ones
+            (log_dir / f"{name}.outputs.json").write_text(json.dumps(res.outputs, indent=1))
         print(res.summary(), flush=True)
         if res.outputs:
             print(f"  first output: {res.outputs[0]!r}", flush=True)
