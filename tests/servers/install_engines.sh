@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install engine servers for the server tests, each in its own venv, skipping those present.
 #
-#   bash tests/servers/install_engines.sh [vllm] [triton] [llamacpp]     (default: vllm triton)
+#   bash tests/servers/install_engines.sh [vllm] [triton] [llamacpp] [outlines]  (default: vllm triton)
 #
 # Venvs: $STRUCTGEN_ENGINES (default /work/venvs)/{vllm,triton,llamacpp}; the tests find
 # them there (or via STRUCTGEN_VLLM_VENV / STRUCTGEN_TRITON_VENV / STRUCTGEN_LLAMACPP_VENV).
@@ -40,6 +40,9 @@ for e in "${engines[@]}"; do
       [ -x "$BASE/vllm/bin/pip" ] && "$BASE/vllm/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null
       ;;
     triton) install triton pytriton -r "$ROOT/backends/triton/requirements.txt" || status=1 ;;
+    # for bench/prefix_sharing.py --competitors outlines (P2), not for the tests;
+    # torch is pinned in the same command so pip takes the local CPU wheel
+    outlines) install outlines outlines torch==2.13.0 outlines transformers jsonschema || status=1 ;;
     llamacpp) CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
                 install llamacpp llama_cpp.server -r "$ROOT/backends/llamacpp/requirements.txt" || status=1 ;;
     *) echo "unknown engine $e"; status=2 ;;
