@@ -22,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,31 +203,28 @@ class HttpClient:
                 self._async[loop_id] = client
             return client
 
-    # -- sync -------------------------------------------------------------------------
-    def request(self, method: str, path: str, payload: Any = None, *, what: str | None = None,
-                timeout: float | None = None, retries: int | None = None) -> Any:
-        """Send one JSON request, retrying retryable failures; return the decoded body."""
-        what = what or f"{method} {path}"
+    # -- the retry flow, shared by both shells -------------------------------------------
+    def _flow(self, what: str, retries: int | None) -> Generator[float | None, Any, Any]:
+        """Sans-I/O retry loop. Yields ``None`` to ask for one attempt and receives its
+        outcome (an ``httpx.Response`` or the ``httpx.HTTPError`` it raised); yields a delay
+        in seconds to ask for a pause before the next attempt; returns the decoded body
+        or raises the mapped :class:`BackendError`."""
         policy = self.config.retry
         max_retries = policy.max_retries if retries is None else retries
         attempt = 0
         first: BackendError | None = None
-        kw: dict[str, Any] = {}
-        if timeout is not None:
-            kw["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))
         while True:
             self.requests_sent += 1
-            try:
-                response = self.sync.request(method, path, json=payload, **kw)
-            except httpx.HTTPError as exc:
-                err = classify_exception(exc, backend=self.backend, what=what)
-                cause: BaseException = exc
+            outcome = yield None
+            if isinstance(outcome, httpx.HTTPError):
+                err = classify_exception(outcome, backend=self.backend, what=what)
+                cause: BaseException = outcome
+            elif outcome.is_success:
+                return _decode(outcome, backend=self.backend, what=what)
             else:
-                if response.is_success:
-                    return _decode(response, backend=self.backend, what=what)
-                err = classify_response(response, backend=self.backend, what=what)
-                cause = httpx.HTTPStatusError(str(response.status_code), request=response.request,
-                                              response=response)
+                err = classify_response(outcome, backend=self.backend, what=what)
+                cause = httpx.HTTPStatusError(str(outcome.status_code), request=outcome.request,
+                                              response=outcome)
             if not err.retryable or attempt >= max_retries:
                 raise _final(err, attempt, first) from cause
             first = first or err
@@ -235,7 +232,31 @@ class HttpClient:
             self.retries += 1
             delay = policy.delay(attempt, err)
             log.debug("%s: retry %d in %.2fs after: %s", self.backend, attempt, delay, err)
+            yield delay
+
+    def _timeout_kw(self, timeout: float | None) -> dict[str, Any]:
+        if timeout is None:
+            return {}
+        return {"timeout": httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))}
+
+    # -- sync -------------------------------------------------------------------------
+    def request(self, method: str, path: str, payload: Any = None, *, what: str | None = None,
+                timeout: float | None = None, retries: int | None = None) -> Any:
+        """Send one JSON request, retrying retryable failures; return the decoded body."""
+        flow = self._flow(what or f"{method} {path}", retries)
+        kw = self._timeout_kw(timeout)
+        next(flow)
+        while True:
+            try:
+                outcome: Any = self.sync.request(method, path, json=payload, **kw)
+            except httpx.HTTPError as exc:
+                outcome = exc
+            try:
+                delay = flow.send(outcome)
+            except StopIteration as done:
+                return done.value
             time.sleep(delay)
+            next(flow)
 
     def post(self, path: str, payload: Any, **kw: Any) -> Any:
         return self.request("POST", path, payload, **kw)
@@ -257,34 +278,21 @@ class HttpClient:
     async def arequest(self, method: str, path: str, payload: Any = None, *,
                        what: str | None = None, timeout: float | None = None,
                        retries: int | None = None) -> Any:
-        what = what or f"{method} {path}"
-        policy = self.config.retry
-        max_retries = policy.max_retries if retries is None else retries
-        attempt = 0
-        first: BackendError | None = None
-        kw: dict[str, Any] = {}
-        if timeout is not None:
-            kw["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))
+        flow = self._flow(what or f"{method} {path}", retries)
+        kw = self._timeout_kw(timeout)
         client = self._async_client()
+        next(flow)
         while True:
-            self.requests_sent += 1
             try:
-                response = await client.request(method, path, json=payload, **kw)
+                outcome: Any = await client.request(method, path, json=payload, **kw)
             except httpx.HTTPError as exc:
-                err = classify_exception(exc, backend=self.backend, what=what)
-                cause: BaseException = exc
-            else:
-                if response.is_success:
-                    return _decode(response, backend=self.backend, what=what)
-                err = classify_response(response, backend=self.backend, what=what)
-                cause = httpx.HTTPStatusError(str(response.status_code), request=response.request,
-                                              response=response)
-            if not err.retryable or attempt >= max_retries:
-                raise _final(err, attempt, first) from cause
-            first = first or err
-            attempt += 1
-            self.retries += 1
-            await asyncio.sleep(policy.delay(attempt, err))
+                outcome = exc
+            try:
+                delay = flow.send(outcome)
+            except StopIteration as done:
+                return done.value
+            await asyncio.sleep(delay)
+            next(flow)
 
     async def apost(self, path: str, payload: Any, **kw: Any) -> Any:
         return await self.arequest("POST", path, payload, **kw)
