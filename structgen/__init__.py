@@ -42,7 +42,12 @@ from structgen.errors import (
     StructgenError,
 )
 from structgen.program import Program, function, program
-from structgen.registry import available_backends, get_backend, get_default_backend, set_default_backend
+from structgen.registry import (
+    available_backends,
+    get_backend,
+    get_default_backend,
+    set_default_backend,
+)
 from structgen.state import ForkGroup, ProgramState
 
 __version__ = "0.1.0"

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from structgen.chat import ChatTemplate
 from structgen.constraints.spec import (

@@ -8,8 +8,8 @@ context. Nothing about any model's format is hard-coded here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from structgen.errors import ProgramError
 

@@ -12,8 +12,9 @@ the index of the chosen option plus meta information.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
     "ChoicesDecision",

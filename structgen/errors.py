@@ -15,7 +15,8 @@ boundary with ``raise ... from exc`` so the cause stays attached.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "BackendError",
@@ -45,7 +46,7 @@ class StructgenError(Exception):
         self.variable = variable
         super().__init__(message + _where(program, variable))
 
-    def with_context(self, *, program: str | None = None, variable: str | None = None) -> "StructgenError":
+    def with_context(self, *, program: str | None = None, variable: str | None = None) -> StructgenError:
         """Fill in the program / variable this error belongs to, if not yet known."""
         self.program = self.program or program
         self.variable = self.variable or variable

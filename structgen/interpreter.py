@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 from structgen.backend import (
     GenerateRequest,
@@ -42,7 +43,7 @@ __all__ = ["Interpreter", "Request"]
 
 Request = Union[GenerateRequest, SelectRequest]
 #: ``emit(delta, variable)``: text appended to the state (variable None for prompt text).
-Emit = Callable[[str, Union[str, None]], None]
+Emit = Callable[[str, str | None], None]
 
 _ROLES = ("system", "user", "assistant", "tool")
 
@@ -88,7 +89,7 @@ class Interpreter:
         self._anon = 0
 
     # -- forking ----------------------------------------------------------------------
-    def fork(self, group: str, emit: Emit | None = None) -> "Interpreter":
+    def fork(self, group: str, emit: Emit | None = None) -> Interpreter:
         """A child interpreter continuing from this one's current (idle) state."""
         if self._pending is not None or self._queue:
             raise ProgramError("cannot fork a state with work still pending", program=self.program)

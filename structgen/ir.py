@@ -7,9 +7,10 @@ never see them (they see :mod:`structgen.backend` requests). No node knows an en
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Iterator, Union
+from typing import Any, Union
 
 from structgen.backend import SamplingParams
 from structgen.constraints.spec import ConstraintSpec
@@ -35,10 +36,10 @@ class Expr:
 
     __slots__ = ()
 
-    def __add__(self, other: Any) -> "Concat":
+    def __add__(self, other: Any) -> Concat:
         return Concat((self, as_node(other)))
 
-    def __radd__(self, other: Any) -> "Concat":
+    def __radd__(self, other: Any) -> Concat:
         return Concat((as_node(other), self))
 
 

@@ -13,9 +13,10 @@ import inspect
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from structgen.backend import Backend, SamplingParams
 from structgen.errors import ProgramError, StructgenError
@@ -74,7 +75,7 @@ class Program:
         self.__name__ = self.name
         self.__wrapped__ = func
 
-    def bind(self, **kwargs: Any) -> "Program":
+    def bind(self, **kwargs: Any) -> Program:
         """A copy with some arguments fixed."""
         return Program(self.func, name=self.name, backend=self.backend,
                        bound={**self.bound, **kwargs}, **self.defaults)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any, Sequence
+from typing import Any
 
 from structgen.backend import Backend, GenerateRequest, SamplingParams, SelectRequest
 from structgen.errors import BackendError, StructgenError
@@ -23,7 +24,7 @@ from structgen.interpreter import Emit, Interpreter, Request
 __all__ = ["Run", "current_run"]
 
 #: The run whose program body is executing in this context (thread / asyncio task).
-current_run: ContextVar["Run | None"] = ContextVar("structgen_current_run", default=None)
+current_run: ContextVar[Run | None] = ContextVar("structgen_current_run", default=None)
 
 _run_ids = itertools.count()
 
@@ -99,7 +100,7 @@ class Run:
                 if gens:
                     try:
                         results = self.backend.generate([r for _, r in gens], on_text=self._on_text(gens))
-                    except BaseException as exc:  # noqa: BLE001 -- mapped, never lost
+                    except BaseException as exc:
                         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                             raise
                         results = [self._failure(exc)] * len(gens)
@@ -107,7 +108,7 @@ class Run:
                 if sels:
                     try:
                         results = self.backend.select([r for _, r in sels])
-                    except BaseException as exc:  # noqa: BLE001
+                    except BaseException as exc:
                         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                             raise
                         results = [self._failure(exc)] * len(sels)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from structgen.errors import ProgramError, StructgenError
 from structgen.interpreter import Interpreter
@@ -65,7 +66,7 @@ class ProgramState:
         self._thread: threading.Thread | None = None  # a streaming run's program thread
 
     # -- appending ---------------------------------------------------------------------------
-    def __iadd__(self, other: Any) -> "ProgramState":
+    def __iadd__(self, other: Any) -> ProgramState:
         self._interp.submit(as_node(other))
         return self
 
@@ -73,7 +74,7 @@ class ProgramState:
         self._interp.submit(as_node(other))
 
     # -- synchronisation -----------------------------------------------------------------------
-    def sync(self) -> "ProgramState":
+    def sync(self) -> ProgramState:
         """Run everything appended so far."""
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -173,7 +174,7 @@ class ProgramState:
         self._interp.submit(VarScopeEnd(name))
 
     # -- forks -----------------------------------------------------------------------------------
-    def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ForkGroup":
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ForkGroup:
         if not isinstance(size, int) or size < 1:
             raise ProgramError(f"fork size must be a positive int, not {size!r}", program=self._run.program)
         self.sync()
@@ -241,7 +242,7 @@ class ForkGroup:
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self._states)
 
-    def __iadd__(self, other: Any) -> "ForkGroup":
+    def __iadd__(self, other: Any) -> ForkGroup:
         if isinstance(other, (list, tuple)):
             if len(other) != len(self._states):
                 raise ProgramError(f"{len(other)} items appended to {len(self._states)} forks")
@@ -255,7 +256,7 @@ class ForkGroup:
                 s += other
         return self
 
-    def sync(self) -> "ForkGroup":
+    def sync(self) -> ForkGroup:
         self._parent._run.drive([s._interp for s in self._states])
         return self
 

@@ -12,7 +12,8 @@ first point where the body needs a generated value ends the trace. Nothing is se
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from structgen.backend import Backend, SamplingParams
 from structgen.errors import StructgenError
@@ -37,7 +38,7 @@ class _TraceRun(Run):
         raise _StopTrace
 
 
-def trace_first_prompt(program: "Program", kwargs: dict[str, Any], backend: Backend) -> str | None:
+def trace_first_prompt(program: Program, kwargs: dict[str, Any], backend: Backend) -> str | None:
     """The prompt of the first request ``program`` would send for ``kwargs``, or None."""
     from structgen.program import _split_kwargs
 

@@ -23,7 +23,13 @@ from typing import Any, NoReturn
 import referencing.exceptions
 
 from structgen.constraints.schema import error_path, schema_validator
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, GrammarSpec, JsonSchemaSpec, RegexSpec
+from structgen.constraints.spec import (
+    ChoiceSpec,
+    ConstraintSpec,
+    GrammarSpec,
+    JsonSchemaSpec,
+    RegexSpec,
+)
 from structgen.errors import ConstraintError, OutputValidationError
 
 __all__ = ["validate_output"]

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
-
 from structgen.backends.embedded.llama import LlamaModel, SeqInput
 from structgen.backends.embedded.sequence import GenSequence
+
 from structgen.errors import BackendError, StructgenError
 from structgen.runtime import BlockPool, RadixCache, Scheduler, SchedulerConfig
 from structgen.runtime import Sequence as RtSequence
@@ -61,7 +62,7 @@ class EngineConfig:
 class _Job:
     """A caller's wait handle for one sequence."""
 
-    __slots__ = ("gen", "rt", "done", "error", "warm")
+    __slots__ = ("done", "error", "gen", "rt", "warm")
 
     def __init__(self, gen: GenSequence | None, rt: RtSequence, warm: bool = False):
         self.gen = gen

@@ -17,7 +17,8 @@ token. :meth:`Matcher.consume` returns ``False`` and the matcher enters an error
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from structgen.constraints.spec import ConstraintSpec
 

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler
-from structgen.constraints.llguidance_engine import LLGuidanceCompiled, LLGuidanceCompiler
+from structgen.constraints.llguidance_engine import (
+    LLGuidanceCompiled,
+    LLGuidanceCompiler,
+)
 from structgen.constraints.spec import ConstraintSpec
 
 __all__ = [

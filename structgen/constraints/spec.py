@@ -15,15 +15,15 @@ from typing import Any, Literal, Union
 from structgen.errors import ConstraintError
 
 __all__ = [
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
     "ChoiceSpec",
     "ConstraintSpec",
     "GrammarSpec",
     "JsonSchemaSpec",
     "RegexSpec",
-    "REGEX_BOOL",
-    "REGEX_FLOAT",
-    "REGEX_INT",
-    "REGEX_STR",
     "dtype_spec",
     "json_schema_spec",
 ]

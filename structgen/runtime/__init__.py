@@ -13,7 +13,12 @@ larger than the whole pool), both :class:`structgen.errors.BackendError`.
 from structgen.runtime.batch import Batch, BatchEntry
 from structgen.runtime.block_pool import BlockPool, blocks_for_tokens
 from structgen.runtime.errors import KVCacheError, KVCapacityError
-from structgen.runtime.radix_cache import InsertResult, MatchResult, RadixCache, RadixNode
+from structgen.runtime.radix_cache import (
+    InsertResult,
+    MatchResult,
+    RadixCache,
+    RadixNode,
+)
 from structgen.runtime.scheduler import Scheduler, SchedulerConfig
 from structgen.runtime.sequence import Sequence, SequenceStatus
 from structgen.runtime.stats import SchedulerStats
