@@ -64,13 +64,19 @@ def _convert_gguf(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    return save_model_dir(model, tok, out)
+
+
+def save_model_dir(model: Any, tokenizer: Any, out: Path) -> Path:
+    """Save ``model`` and ``tokenizer`` as an HF directory at ``out``, atomically: they are
+    written to a temporary sibling and renamed, so concurrent writers race harmlessly."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
         model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         try:
-            tmp.rename(out)  # atomic: concurrent converters race harmlessly
+            tmp.rename(out)
         except OSError:
             if not (out / "config.json").is_file():
                 raise

@@ -7,8 +7,6 @@ Head size 32 (vLLM's CPU attention needs >= 32). Built once into a cache directo
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -28,7 +26,7 @@ def build_tiny_llama(out: Path | None = None) -> Path:
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
     import torch
-    from structgen.backends.embedded.loader import load_tokenizer
+    from structgen.backends.embedded.loader import load_tokenizer, save_model_dir
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_tokenizer()
@@ -36,21 +34,7 @@ def build_tiny_llama(out: Path | None = None) -> Path:
     cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, **CONFIG)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        try:
-            tmp.rename(out)
-        except OSError:
-            if not (out / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
+    return save_model_dir(model, tok, out)
 
 if __name__ == "__main__":
     print(build_tiny_llama())
