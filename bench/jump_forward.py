@@ -1,11 +1,19 @@
 """P4: jump-forward decoding over JSON schemas with many fixed keys (MaskBench Glaiveai2K).
 
-    python bench/jump_forward.py [--schemas 8] [--max-tokens 96] [--dir ../shared/maskbench]
+    python bench/jump_forward.py [--schemas 8] [--max-tokens 96] [--task extract|fill]
+                                 [--dir ../shared/maskbench]
 
-Each schema's object is generated greedily on the embedded engine with jump-forward on
-and off (interleaved, one sequence at a time so forward passes count one sequence's
-work). Prints forward passes and wall time per mode, and whether outputs are identical.
-Last line:
+Workload (``--task extract``, the default): JSON extraction. For each Glaive function
+schema (>= 3 required keys, compiled exactly), a short note lists the values of one of
+the file's valid test instances as ``key: value`` lines, and the model extracts the
+object for the schema from it. ``--task fill`` instead asks for "a realistic JSON object
+for this schema" (no source text: the 135M model then writes long free-text values, so
+fixed keys are a small share of the tokens).
+
+Each object is generated greedily on the embedded engine with jump-forward on and off
+(interleaved, one sequence at a time so forward passes count one sequence's work).
+Prints forward passes, tokens (forced by the constraint; drafted and accepted) and wall
+time per mode, and whether outputs are identical. Last line:
 
     RESULT forward_ratio=<on/off passes> wall_speedup=<off/on time> identical=<true|false>
 """
@@ -26,29 +34,52 @@ from structgen.constraints.spec import json_schema_spec  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pick_schemas(directory: Path, n: int, backend) -> list[dict]:
-    """Glaive object schemas with at least 3 required properties that compile exactly."""
+def pick_schemas(directory: Path, n: int, backend) -> list[tuple[dict, object]]:
+    """Glaive object schemas with at least 3 required properties that compile exactly,
+    each with its first valid test instance."""
     out = []
     for path in sorted(directory.glob("Glaiveai2K---*.json")):
-        schema = json.loads(path.read_text())["schema"]
+        data = json.loads(path.read_text())
+        schema = data["schema"]
         props = schema.get("properties") if isinstance(schema, dict) else None
         if not props or len(schema.get("required", [])) < 3 or len(json.dumps(schema)) > 3000:
+            continue
+        valid = [t["data"] for t in data.get("tests", []) if t.get("valid") and isinstance(t.get("data"), dict)]
+        if not valid:
             continue
         try:
             if not backend.compile(json_schema_spec(schema)).exact:
                 continue
         except Exception:  # noqa: BLE001 -- not usable for this benchmark
             continue
-        out.append(schema)
+        out.append((schema, valid[0]))
         if len(out) == n:
             break
     return out
+
+
+def note_lines(value: object, path: str = "") -> list[str]:
+    """``key: value`` lines for an instance's leaves (nested keys joined by spaces)."""
+    if isinstance(value, dict):
+        return [line for k, v in value.items()
+                for line in note_lines(v, f"{path} {k}".strip().replace("_", " "))]
+    if isinstance(value, list):
+        return [f"{path}: {', '.join(json.dumps(v) if not isinstance(v, str) else v for v in value)}"]
+    return [f"{path}: {value if isinstance(value, str) else json.dumps(value)}"]
+
+
+def prompt_for(task: str, schema: dict, instance: object) -> str:
+    if task == "fill":
+        return "Fill in a realistic JSON object for this schema:\n" + json.dumps(schema)
+    return ("Extract the JSON object for this schema from the note.\nSchema: " + json.dumps(schema)
+            + "\nNote:\n" + "\n".join(note_lines(instance)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemas", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--task", choices=("extract", "fill"), default="extract")
     ap.add_argument("--dir", default=str(ROOT.parent / "shared" / "maskbench"))
     args = ap.parse_args()
     from structgen.backends.embedded import EmbeddedBackend
@@ -60,14 +91,15 @@ def main() -> None:
         raise SystemExit(f"no usable Glaiveai2K schemas under {args.dir}")
     tpl = be.chat_template()
     reqs = []
-    for schema in schemas:
-        prompt = tpl.render([{"role": "user", "content": "Fill in a realistic JSON object for this schema:\n"
-                              + json.dumps(schema)}]) + tpl.role("assistant", [{"role": "user", "content": "x"}]).prefix
+    for schema, instance in schemas:
+        prompt = tpl.render([{"role": "user", "content": prompt_for(args.task, schema, instance)}]) \
+            + tpl.role("assistant", [{"role": "user", "content": "x"}]).prefix
         reqs.append(GenerateRequest(prompt, SamplingParams(max_new_tokens=args.max_tokens), json_schema_spec(schema)))
     model = be.runner().model
     engines = {"on": Engine(model, EngineConfig(jump_forward=True)),
                "off": Engine(model, EngineConfig(jump_forward=False))}
-    totals = {k: {"passes": 0, "time": 0.0, "forced": 0, "tokens": 0} for k in engines}
+    totals = {k: {"passes": 0, "time": 0.0, "forced": 0, "tokens": 0, "drafted": 0, "accepted": 0}
+              for k in engines}
     outputs: dict[str, list[str]] = {"on": [], "off": []}
     for i, req in enumerate(reqs):
         order = ["on", "off"] if i % 2 == 0 else ["off", "on"]
@@ -86,17 +118,20 @@ def main() -> None:
             t["passes"] += after["forward_passes"] - before["forward_passes"]
             t["forced"] += after["forced_tokens"] - before["forced_tokens"]
             t["tokens"] += after["generated_tokens"] - before["generated_tokens"]
+            t["drafted"] += after["draft_tokens"] - before["draft_tokens"]
+            t["accepted"] += after["draft_accepted"] - before["draft_accepted"]
             t["time"] += elapsed
             outputs[mode].append(seq.text)
     for engine in engines.values():
         engine.close()
     for mode, t in totals.items():
         print(f"jump-forward {mode}: {t['passes']} forward passes, {t['tokens']} tokens "
-              f"({t['forced']} forced), {t['time']:.2f} s", flush=True)
+              f"({t['forced']} forced, {t['accepted']} of {t['drafted']} drafted accepted), "
+              f"{t['time']:.2f} s", flush=True)
     identical = outputs["on"] == outputs["off"]
     ratio = totals["on"]["passes"] / totals["off"]["passes"]
     speedup = totals["off"]["time"] / totals["on"]["time"]
-    print(f"{len(reqs)} schemas; sample output: {outputs['on'][0][:120]}", flush=True)
+    print(f"{len(reqs)} schemas, task {args.task}; sample output: {outputs['on'][0][:120]}", flush=True)
     print(f"RESULT forward_ratio={ratio:.3f} wall_speedup={speedup:.2f} identical={str(identical).lower()}",
           flush=True)
 

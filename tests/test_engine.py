@@ -146,9 +146,50 @@ def test_jump_forward_appends_forced_tokens_without_sampling(embedded_backend, r
         a, b = with_jf.stats(), without.stats()
         assert a["forced_tokens"] > 0 and b["forced_tokens"] == 0
         assert a["generated_tokens"] == b["generated_tokens"]  # same tokens, fewer sampled
+        # the held-back tail of each forced run is drafted and verified in the same pass
+        assert a["draft_tokens"] > 0 and 0 < a["draft_accepted"] <= a["draft_tokens"]
+        assert b["draft_tokens"] == 0
+        assert a["forward_passes"] < b["forward_passes"]
+        _assert_no_leak(with_jf)
     finally:
         with_jf.close()
         without.close()
+
+
+def _assert_no_leak(engine):
+    """Every used KV slot belongs to the radix tree once all sequences have finished."""
+    def check():
+        assert engine.pool.num_used == len(engine.cache.blocks())
+        assert engine.cache.protected_tokens == 0
+    engine._call(check)
+
+
+def test_rejected_drafts_change_nothing_but_the_pass_count(embedded_backend, reference, monkeypatch):
+    """Drafts the sampler does not pick are dropped with their KV: draft every forced
+    text byte by byte (a tokenization the model never prefers) and outputs stay the same."""
+    from structgen.constraints.llguidance_engine import LLGuidanceMatcher
+
+    def byte_draft(self, prefer=None):
+        tok = self._vocab.tokenizer
+        ids = [int(t) for b in self.forced_text() for t in tok.tokenize_bytes(bytes([b]))]
+        return ids[:self.validate_tokens(ids)]
+
+    monkeypatch.setattr(LLGuidanceMatcher, "draft_tokens", byte_draft)
+    be = embedded_backend
+    reqs, expected = reference
+    engine = Engine(be.runner().model, EngineConfig())
+    try:
+        seqs = [be._sequence(i, r, None) for i, r in enumerate(reqs)]
+        assert all(err is None for err, _ in engine.generate(seqs))
+        assert [g.text for g in seqs] == expected
+        stats = engine.stats()
+        assert stats["draft_tokens"] > stats["draft_accepted"]  # some drafts were rejected
+        _assert_no_leak(engine)
+        for g in seqs:  # the cached KV is exactly the text generated: no rejected token in it
+            ids = g.prompt_ids + g.out_ids[:-1]
+            assert engine._call(lambda ids=ids: engine.cache.peek_prefix_len(ids)) == len(ids)
+    finally:
+        engine.close()
 
 
 def test_a_sequence_larger_than_the_whole_pool_fails_alone(embedded_backend):

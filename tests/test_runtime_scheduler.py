@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from structgen.runtime import (
     Batch,
     BlockPool,
+    KVCacheError,
     KVCapacityError,
     RadixCache,
     Scheduler,
@@ -172,6 +173,33 @@ def test_forced_tokens_are_computed_in_one_pass_and_counted() -> None:
     assert sched.stats.decode_computed_tokens == 3 and seq.computed_tokens == 6
 
 
+def test_truncate_drops_rejected_draft_tokens_and_their_kv() -> None:
+    sched = make_sched(num_blocks=20, page_size=2)
+    seq = Sequence("s", [1, 2, 3])
+    sched.add(seq)
+    sched.schedule()  # prefill: 3 tokens, pages [0,1] [2,-]
+    free0 = sched.pool.num_free
+    sched.append(seq, 10)
+    for t in (20, 21, 22):  # a draft of three tokens, computed with 10 in one pass
+        sched.append(seq, t)
+    batch = sched.schedule()
+    assert (batch.entries[0].start, batch.entries[0].end) == (3, 7) and seq.kv_len == 7
+    assert sched.pool.num_free == free0 - 2  # positions 4..6 need two more pages
+    sched.truncate(seq, 2)  # 21 and 22 rejected: 5 tokens stay, their pages too
+    assert seq.token_ids == [1, 2, 3, 10, 20] and seq.kv_len == 5
+    assert len(seq.blocks) == 3 and sched.pool.num_free == free0 - 1
+    sched.append(seq, 30)  # the sampler's own choice, computed next pass
+    batch = sched.schedule()
+    assert (batch.entries[0].start, batch.entries[0].end) == (5, 6)
+    sched.append(seq, 40)
+    sched.truncate(seq, 1)  # an uncomputed token: no KV to release
+    assert seq.kv_len == 6 and seq.token_ids[-1] == 30
+    with pytest.raises(KVCacheError):
+        sched.truncate(seq, 4)  # more than the output
+    sched.finish(seq)
+    check_invariants(sched)
+
+
 # -- memory ------------------------------------------------------------------------------------
 def test_batch_larger_than_memory_completes_with_preemption() -> None:
     sched = make_sched(num_blocks=16, page_size=4)  # 64 token slots
@@ -266,6 +294,7 @@ workload = st.fixed_dictionaries({
                         in_batch_prefix_threshold=st.sampled_from([0, 1, 4])),
     "disabled": st.booleans(),
     "forced_p": st.sampled_from([0.0, 0.3]),
+    "max_draft": st.sampled_from([0, 3]),
     "seed": st.integers(0, 2**16),
 })
 
@@ -297,6 +326,7 @@ def test_every_sequence_finishes_within_budget(w: dict) -> None:
         else:
             added.append(seq)
 
+    drafts: dict[object, int] = {}  # speculative tokens appended, not yet verified
     # continuous batching: some sequences arrive while others run
     for seq in arrivals.pop(0, []):
         add(seq)
@@ -310,13 +340,25 @@ def test_every_sequence_finishes_within_budget(w: dict) -> None:
             continue
         batch = sched.schedule()
         check_invariants(sched)
+        for s in batch.preempted:  # the engine drops a preempted sequence's unverified draft
+            sched.truncate(s, drafts.pop(s.seq_id, 0))
+        check_invariants(sched)
         for e in batch.entries:
             s = e.seq
+            # speculative tokens drafted last step were computed by this pass: reject some
+            d = drafts.pop(s.seq_id, 0)
+            sched.truncate(s, rng.randint(0, d))
             sched.append(s, rng.randrange(4))
             while rng.random() < w["forced_p"] and s.num_output_tokens < targets[s.seq_id]:
                 sched.append(s, rng.randrange(4), forced=True)
             if s.num_output_tokens >= targets[s.seq_id]:
+                sched.truncate(s, s.num_output_tokens - targets[s.seq_id])
                 sched.finish(s)
+                continue
+            d = min(rng.randint(0, w["max_draft"]), targets[s.seq_id] - s.num_output_tokens)
+            for _ in range(d):
+                sched.append(s, rng.randrange(4))
+            drafts[s.seq_id] = d
         check_invariants(sched)
     for seq in added:
         assert seq.is_finished

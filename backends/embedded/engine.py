@@ -12,7 +12,14 @@ one leaves the batch and a waiting one joins at the next step.
 
 Jump-forward: when a sequence's constraint allows exactly one continuation (JSON keys,
 punctuation), its forced tokens are appended at once and computed in the next single
-forward pass instead of one pass each.
+forward pass instead of one pass each. The engine forces only whole tokens that every
+tokenization shares; the forced text's tail (the last token, held back because it could
+merge with the free text that follows) is *drafted*: its canonical tokens are computed
+in the same pass, with logits at each, and each is kept only if the sampler, looking at
+those logits under the constraint's mask, picks it -- then the next token comes from the
+same pass too. A rejected draft is dropped with its KV. Sampling stays exactly what
+token-by-token decoding would do (the sampler draws every token; a draft only saves the
+pass when the draw agrees), so greedy outputs are identical.
 
 Memory: the KV pool has a fixed budget (``kv_tokens``); the scheduler evicts cached
 prefixes, queues or preempts, so a batch larger than memory still completes; only a
@@ -62,7 +69,7 @@ class EngineConfig:
 class _Job:
     """A caller's wait handle for one sequence."""
 
-    __slots__ = ("done", "error", "gen", "rt", "warm")
+    __slots__ = ("done", "draft", "error", "gen", "rt", "spans", "warm")
 
     def __init__(self, gen: GenSequence | None, rt: RtSequence, warm: bool = False):
         self.gen = gen
@@ -70,6 +77,11 @@ class _Job:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.warm = warm
+        #: drafted tokens at the end of ``rt`` awaiting verification by the next pass
+        self.draft: list[int] = []
+        #: (forced text, index in the output where it starts) of drafts whose text the
+        #: output has not covered yet
+        self.spans: list[tuple[bytes, int]] = []
 
 
 class Engine:
@@ -89,6 +101,11 @@ class Engine:
         self._masks = ThreadPoolExecutor(1, thread_name_prefix="structgen-mask")
         self.forward_passes = 0
         self.generated_tokens = 0
+        self.draft_tokens = 0  # drafted (computed speculatively)
+        self.draft_accepted = 0  # drafted and then chosen by the sampler
+        # forced text -> the tokens the model chose for it last time (the model often
+        # splits JSON punctuation differently from the canonical tokenization)
+        self._tokenizations: dict[bytes, tuple[int, ...]] = {}
         # select scoring runs beside the scheduler: its own prompt / cached / computed counts
         self.scored_tokens = 0
         self._score_prompt = 0
@@ -147,7 +164,8 @@ class Engine:
                 "cache_hit_rate": cached / prompt if prompt else 0.0,
                 "forward_passes": self.forward_passes, "generated_tokens": self.generated_tokens,
                 "prefill_steps": s.prefill_steps, "decode_steps": s.decode_steps,
-                "forced_tokens": s.forced_tokens, "preemptions": s.preemptions,
+                "forced_tokens": s.forced_tokens, "draft_tokens": self.draft_tokens,
+                "draft_accepted": self.draft_accepted, "preemptions": s.preemptions,
                 "evicted_tokens": s.evicted_tokens, "scored_tokens": self.scored_tokens,
                 "cached_tree_tokens": self.cache.total_tokens}
 
@@ -225,16 +243,25 @@ class Engine:
             job = jobs.pop(id(rt))
             job.error = rt.error
             job.done.set()
+        for rt in batch.preempted:  # back to waiting: its unverified draft goes
+            job = jobs[id(rt)]
+            self.scheduler.truncate(rt, len(job.draft))
+            job.draft = []
         if not batch.entries:
             return
         inputs = []
         for e in batch.entries:
             toks = e.seq.token_ids
+            drafted = len(jobs[id(e.seq)].draft)
             inputs.append(SeqInput(token_ids=toks[e.start:e.end],
-                                   slots=self.pool.slot_mapping(e.seq.blocks, 0, e.end)))
-        logits = self.model.forward(self.model.prepare(inputs), self.kv)
+                                   slots=self.pool.slot_mapping(e.seq.blocks, 0, e.end),
+                                   logits=drafted + 1 if drafted else "last"))
+        fb = self.model.prepare(inputs)
+        logits = self.model.forward(fb, self.kv)
         self.forward_passes += 1
-        rows = logits.float().cpu()  # the sampler and the masks work on CPU rows (one copy per step)
+        # the sampler and the masks work on CPU rows (one copy per step); a drafted
+        # sequence gets its last len(draft) + 1 rows
+        rows = fb.split(logits.float().cpu())
         sampling: list[tuple[_Job, int]] = []
         for i, e in enumerate(batch.entries):
             job = jobs[id(e.seq)]
@@ -249,13 +276,11 @@ class Engine:
         for job, i in sampling:
             gen = job.gen
             assert gen is not None
+            draft, job.draft = job.draft, []
+            forced: list[int] = []
             try:
-                token = gen.pick(rows[i])
-                self.generated_tokens += 1
-                finished = gen.accept(token)
-                forced: list[int] = []
-                if (not finished and self.config.jump_forward and gen.matcher is not None
-                        and not gen.params.return_logprob):  # forced tokens have no sampled logprob
+                token, finished = self._verify(job, rows[i], draft)
+                if not finished and self.config.jump_forward and _may_jump(gen):
                     forced, finished = _forced_run(gen)
                     self.generated_tokens += len(forced)
             except BaseException as exc:  # noqa: BLE001 -- this sequence fails alone
@@ -269,10 +294,62 @@ class Engine:
             self.scheduler.append(job.rt, token)
             for tok in forced:
                 self.scheduler.append(job.rt, tok, forced=True)
+            if self.config.jump_forward and _may_jump(gen):
+                self._draft(job)
         pending = [job for job, _ in sampling if not job.done.is_set() and job.gen.constrained]  # type: ignore[union-attr]
         if pending:  # the next step's masks, computed while the next forward runs
             self._mask_future = self._masks.submit(_compute_masks, [j.gen for j in pending])
             self._mask_jobs = {id(j) for j in pending}
+
+    def _verify(self, job: _Job, rows: torch.Tensor, draft: list[int]) -> tuple[int, bool]:
+        """Sample from ``rows`` (``len(draft) + 1`` of them: the logits before each
+        drafted token, then after the last) token by token, each under its mask, while
+        the sampler picks the drafted token. ``(the next token, finished)``: the token is
+        the first one not drafted -- new, its KV not computed yet. Rejected drafted
+        tokens are dropped from the sequence with their KV."""
+        gen = job.gen
+        assert gen is not None
+        for i, row in enumerate(rows):
+            if i:
+                gen.compute_mask()  # the mask after the accepted draft tokens
+            token = gen.pick(row)
+            self.generated_tokens += 1
+            finished = gen.accept(token)
+            if i < len(draft) and token == draft[i] and not finished:
+                self.draft_accepted += 1
+                continue
+            self.scheduler.truncate(job.rt, len(draft) - i)
+            return token, finished
+        raise AssertionError("unreachable: the last row is never drafted")
+
+    def _draft(self, job: _Job) -> None:
+        """Append the constraint's forced text, as the model is likely to tokenize it, for
+        the next pass to verify (:meth:`_verify`)."""
+        gen = job.gen
+        assert gen is not None and gen.matcher is not None
+        m = gen.matcher
+        pending = []
+        for text, start in job.spans:  # learn how the model tokenized earlier forced text
+            seen = b""
+            for j, tok in enumerate(gen.out_ids[start:]):
+                seen += m.token_bytes([tok])
+                if len(seen) >= len(text):
+                    if seen == text:
+                        if len(self._tokenizations) >= _MAX_TOKENIZATIONS:
+                            self._tokenizations.clear()
+                        self._tokenizations[text] = tuple(gen.out_ids[start:start + j + 1])
+                    break
+            else:
+                pending.append((text, start))
+        job.spans = pending
+        text = m.forced_text()
+        if not text:
+            return
+        job.spans.append((text, len(gen.out_ids)))
+        job.draft = m.draft_tokens(self._tokenizations.get(text))[:_MAX_DRAFT]
+        for tok in job.draft:
+            self.scheduler.append(job.rt, tok)
+        self.draft_tokens += len(job.draft)
 
     def _masks_ready(self, jobs: list[_Job]) -> None:
         fut = self._mask_future
@@ -343,6 +420,15 @@ class Engine:
         if short > 0:
             self.pool.free(self.cache.evict(short))
         return self.pool.num_free >= need
+
+
+_MAX_DRAFT = 16  # drafted tokens per sequence and pass
+_MAX_TOKENIZATIONS = 4096  # remembered tokenizations of forced text
+
+
+def _may_jump(gen: GenSequence) -> bool:
+    # forced and drafted tokens have no sampled logprob of their own
+    return gen.matcher is not None and not gen.params.return_logprob and not gen.finished
 
 
 def _forced_run(gen: GenSequence) -> tuple[list[int], bool]:

@@ -52,12 +52,13 @@ class SeqInput:
 
     ``slots[i]`` holds position ``i``; ``len(slots) - len(token_ids)`` positions are
     already in the pool (reused context), the rest are written by this forward.
-    ``logits``: ``"last"`` (next-token), ``"all"`` (one row per new token) or ``"none"``.
+    ``logits``: ``"last"`` (next-token), ``"all"`` (one row per new token), ``"none"``,
+    or an int ``k``: the last ``k`` new tokens' rows (verifying ``k - 1`` drafted tokens).
     """
 
     token_ids: Sequence[int]
     slots: Sequence[int] | torch.Tensor
-    logits: Literal["last", "all", "none"] = "last"
+    logits: Literal["last", "all", "none"] | int = "last"
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,12 @@ class LlamaModel:
             write.append(s[start:])
             rows.append(slice(t0, t0 + n))
             slots.append(s)
-            picked = {"last": [t0 + n - 1], "all": list(range(t0, t0 + n)), "none": []}[x.logits]
+            if isinstance(x.logits, int):
+                if not 0 <= x.logits <= n:
+                    raise ValueError(f"logits={x.logits} rows asked of an input of {n} new tokens")
+                picked = list(range(t0 + n - x.logits, t0 + n))
+            else:
+                picked = {"last": [t0 + n - 1], "all": list(range(t0, t0 + n)), "none": []}[x.logits]
             logit_rows.extend(picked)
             counts.append(len(picked))
         if pos and max(pos) >= self._cos.shape[0]:

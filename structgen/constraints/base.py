@@ -52,6 +52,24 @@ class Matcher(ABC):
     def forced_tokens(self) -> list[int]:
         """Tokens that are the only possible continuation (for jump-forward decoding)."""
 
+    def forced_text(self) -> bytes:
+        """The bytes every continuation starts with, beyond :meth:`forced_tokens`
+        (which an engine keeps to whole tokens that cannot merge with what follows).
+        Default: none known."""
+        return b""
+
+    def draft_tokens(self, prefer: Sequence[int] | None = None) -> list[int]:
+        """A likely tokenization of :meth:`forced_text`, to verify rather than force:
+        ``prefer`` (e.g. how the model tokenized the same text before) if the
+        constraint allows it, else the canonical tokens; only the allowed prefix. The
+        decoder computes them speculatively and keeps those it would have chosen
+        itself. Default: none."""
+        return []
+
+    def token_bytes(self, token_ids: Sequence[int]) -> bytes:
+        """The bytes of ``token_ids`` (for matching them against :meth:`forced_text`)."""
+        raise NotImplementedError
+
     @abstractmethod
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` consumed tokens."""

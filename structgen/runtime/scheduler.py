@@ -121,6 +121,26 @@ class Scheduler:
         if forced:
             self.stats.forced_tokens += 1
 
+    def truncate(self, seq: Sequence, n: int) -> None:
+        """Drop the last ``n`` output tokens (rejected speculative tokens). KV already
+        computed for them is released: whole pages past the new length go back to the
+        pool. Only the sequence's own pages can be dropped, never the tree's."""
+        if not 0 <= n <= seq.num_output_tokens:
+            raise KVCacheError(f"cannot truncate {n} of {seq.num_output_tokens} output tokens "
+                               f"of sequence {seq.seq_id!r}")
+        if n == 0:
+            return
+        new_len = seq.num_tokens - n
+        if seq.status is SequenceStatus.RUNNING and seq.kv_len > new_len:
+            keep = self.pool.blocks_for(new_len)
+            if keep < seq.num_tree_blocks:
+                raise KVCacheError(f"truncating sequence {seq.seq_id!r} to {new_len} tokens "
+                                   "would cut into cached prefix pages")
+            self.pool.free(seq.blocks[keep:])
+            del seq.blocks[keep:]
+            seq.kv_len = new_len
+        del seq.output_token_ids[len(seq.output_token_ids) - n:]
+
     def finish(self, seq: Sequence, reason: str = "stop") -> None:
         """Finish (or abort) a sequence: cache its tokens, release its KV and lock."""
         if seq.status is SequenceStatus.FINISHED:
