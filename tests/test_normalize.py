@@ -264,6 +264,64 @@ def test_one_of_needs_no_coercion_after_normalisation(tokenizer):
     assert compiled.exact
 
 
+_I = {"type": "integer"}
+_SHARED = {"properties": {"s1": _I, "s2": _I}}
+
+# llguidance generates an object's properties in the order it first meets them, walking
+# the schema's keys in order with allOf / oneOf / anyOf / $ref in place; normalising must
+# keep that order (MaskBench Github_medium o55595, o60846, o85188, o90951)
+_ORDER_CASES = [
+    # allOf (a shared $ref) before the object's own properties
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "definitions": {"shared": _SHARED},
+      "allOf": [{"$ref": "#/definitions/shared"}], "properties": {"z": _I}, "required": ["z", "s1"]},
+     [{"s1": 1, "s2": 2, "z": 3}, {"s1": 1, "z": 3}]),
+    # a one-branch oneOf before the properties
+    ({"definitions": {"node": {"properties": {"a": _I, "b": _I}, "required": ["a"]}},
+      "type": "object", "oneOf": [{"$ref": "#/definitions/node"}], "properties": {"z": _I}, "required": ["z"]},
+     [{"a": 1, "b": 2, "z": 3}, {"a": 1, "z": 3}]),
+    # a disjoint oneOf before the properties (rewritten to anyOf in place)
+    ({"definitions": {"l": {"properties": {"cfg": {"enum": ["l"]}}, "required": ["cfg"]},
+                      "r": {"properties": {"cfg": {"enum": ["r"]}}, "required": ["cfg"]}},
+      "type": "object", "oneOf": [{"$ref": "#/definitions/l"}, {"$ref": "#/definitions/r"}],
+      "required": ["content"], "properties": {"content": _I}},
+     [{"cfg": "l", "content": 1}, {"cfg": "r", "content": 2}]),
+    # allOf: object, anyOf of objects, object -- the anyOf's properties stay in the middle
+    ({"allOf": [{"type": "object", "properties": {"m": _I, "b": _I}, "required": ["m"]},
+                {"anyOf": [{"properties": {"devs": _I}}, {"properties": {"dev": _I}}]},
+                {"properties": {"p": _I, "e": _I}}]},
+     [{"m": 1, "b": 2, "dev": 3, "p": 4, "e": 5}, {"m": 1, "devs": 3, "e": 5}]),
+    # a 2019-09+ $ref before its siblings
+    ({"$defs": {"A": {"properties": {"a": _I}}}, "$ref": "#/$defs/A", "properties": {"z": _I},
+      "required": ["a", "z"]},
+     [{"a": 1, "z": 2}]),
+]
+
+
+@pytest.mark.parametrize("schema,instances", _ORDER_CASES)
+def test_normalisation_keeps_the_engines_property_order(tokenizer, schema, instances):
+    import llguidance
+    import llguidance.hf
+
+    from structgen.constraints.compiler import CompileCache, compiler_for
+    from structgen.constraints.spec import json_schema_spec
+
+    compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=8))
+    compiled = compiler.compile(json_schema_spec(schema))
+    raw_tok = compiler.engine.llguidance_tokenizer
+    raw = llguidance.LLMatcher(raw_tok, llguidance.LLMatcher.grammar_from_json_schema(
+        schema, overrides={"whitespace_flexible": False}), log_level=0)
+    assert not raw.is_error()
+    v = _validator(schema)
+    for x in instances:
+        assert v.is_valid(x)
+        ids = tokenizer.encode(json.dumps(x, separators=(",", ":")), add_special_tokens=False)
+        r = raw.deep_copy()
+        assert all(r.consume_token(t) for t in ids) and r.is_accepting(), x  # the engine's own order
+        m = compiled.matcher()
+        assert m.consume_many(ids) and m.is_accepting(), (x, normalize(schema))
+    _same(schema, instances)
+
+
 # --- the fast meta-check agrees with jsonschema on what it rejects -------------------------------
 
 

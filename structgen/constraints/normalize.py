@@ -10,7 +10,9 @@ compiles well, keeping its meaning as a validator (jsonschema) sees it:
   ``items`` arrays -> ``prefixItems`` (+ ``additionalItems`` -> ``items``),
   ``dependencies`` -> ``dependentRequired``/``dependentSchemas`` semantics, ``$ref``
   siblings ignored before 2019-09, annotations and unknown keywords dropped;
-* ``allOf`` branches are merged where that is exact; ``not`` is pushed inwards
+* ``allOf`` branches are merged where that is exact and keeps the order in which the
+  engine generates properties (first appearance, walking keys in order -- so a valid
+  object in the original schema's order stays acceptable); ``not`` is pushed inwards
   (De Morgan, type complements, ``required`` -> ``properties: {k: false}``, bounds
   flipped); ``oneOf`` becomes ``anyOf`` when its branches are provably disjoint or
   each branch can be intersected with the others' negation; ``dependencies`` become
@@ -357,9 +359,10 @@ class _Normalizer:
         if "$ref" in s:
             if self.draft <= 7:
                 return self.ref(s["$ref"])
+            late = _comes_first(s, "$ref")
             r = self.ref(s.pop("$ref"))
             rest = self.norm(s)
-            return self.conj([rest, r])
+            return self.conj([r, rest] if late else [rest, r])
         out: dict[str, Any] = {}
         for k in _NEWER.get(self.draft, ()):
             s.pop(k, None)  # not a keyword in this draft: validators ignore it
@@ -453,8 +456,9 @@ class _Normalizer:
             if not isinstance(s, dict):
                 return s
         if "allOf" in s:
-            parts = s.pop("allOf")
-            return self.conj([s] + list(parts))
+            late = _comes_first(s, "allOf")
+            parts = list(s.pop("allOf"))
+            return self.conj(parts + [s] if late else [s] + parts)
         if "anyOf" in s:
             branches = [b for b in s["anyOf"] if b is not False]
             if not branches:
@@ -462,8 +466,9 @@ class _Normalizer:
             if any(b == {} or b is True for b in branches):
                 del s["anyOf"]
             elif len(branches) == 1 and "allOf" not in s:
+                late = _comes_first(s, "anyOf")
                 del s["anyOf"]
-                return self.conj([s, branches[0]])
+                return self.conj([branches[0], s] if late else [s, branches[0]])
             else:
                 s["anyOf"] = branches
         return s
@@ -532,36 +537,32 @@ class _Normalizer:
         if not branches:
             return False
         if len(branches) == 1:
+            late = _comes_first(s, "oneOf")
             del s["oneOf"]
-            return self.conj([s, branches[0]])
+            return self.conj([branches[0], s] if late else [s, branches[0]])
         # the instance also satisfies the siblings' type: check disjointness within it
         typed = branches
         if isinstance(s.get("type"), (str, list)):
             typed = [dict(b, type=s["type"]) if isinstance(b, dict) and "type" not in b else b for b in branches]
+        # (the rewrites keep the oneOf's place among the keys: the engine orders
+        # properties by where they first appear)
         if self.pairwise_disjoint(typed):
-            del s["oneOf"]
             if "anyOf" in s:
-                s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": branches}]
-            else:
-                s["anyOf"] = branches
-            return s
+                return _replace_key(s, "oneOf", "allOf", list(s.get("allOf") or []) + [{"anyOf": branches}])
+            return _replace_key(s, "oneOf", "anyOf", branches)
         if widened:  # branches were widened: exclusivity could narrow, so make it anyOf
             self.relaxed.append("oneOf")
-            del s["oneOf"]
-            s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": branches}]
-            return s
+            return _replace_key(s, "oneOf", "allOf", list(s.get("allOf") or []) + [{"anyOf": branches}])
         if len(branches) <= _MAX_ONEOF:
             try:
                 negs = [self.negate(b) for b in branches]
                 exact = []
                 for i, b in enumerate(branches):
                     exact.append(self.conj([b] + [n for j, n in enumerate(negs) if j != i]))
-                del s["oneOf"]
                 exact = [b for b in exact if b is not False]
                 if not exact:
                     return False
-                s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": exact}]
-                return s
+                return _replace_key(s, "oneOf", "allOf", list(s.get("allOf") or []) + [{"anyOf": exact}])
             except _Unexpressible:
                 pass
         return s  # left as oneOf: the engine coerces it (looser) if it must
@@ -575,7 +576,11 @@ class _Normalizer:
 
     # -- conjunction ------------------------------------------------------------------
     def conj(self, parts: list) -> Any:
-        """allOf(parts), merged into one schema where that is exact."""
+        """allOf(parts), merged into one schema where that is exact.
+
+        Parts keep their order (the engine orders properties by first appearance): a
+        part is merged into the first mergeable one only where that keeps the order.
+        """
         flat: list = []
         for p in parts:
             if p is True or p == {}:
@@ -588,30 +593,45 @@ class _Normalizer:
                 flat.extend(p["allOf"])
             else:
                 flat.append(p)
-        refs = [p for p in flat if "$ref" in p]
-        flat = [p for p in flat if "$ref" not in p]
-        if not flat:
-            return refs[0] if len(refs) == 1 else {"allOf": refs}
-        acc = dict(flat[0])
-        rest: list = []
-        for p in flat[1:]:
-            merged = _merge(acc, p)
-            if merged is None:
-                rest.append(p)
-            elif merged is False:
-                return False
+        acc: Any = None
+        slots: list = []  # references and unmerged parts in order; None marks acc's place
+        for p in flat:
+            if "$ref" in p:
+                slots.append(p)
+            elif acc is None:
+                acc = dict(p)
+                slots.append(None)
             else:
-                acc = merged
-        if acc is False or _drop_inapplicable(acc) is False:
+                # past a reference or an unmerged part, only parts that name no
+                # properties may move up into acc
+                merged = _merge(acc, p) if slots[-1] is None or not _sources(p) else None
+                if merged is None:
+                    slots.append(p)
+                elif merged is False:
+                    return False
+                else:
+                    acc = merged
+        if acc is None:
+            if not slots:
+                return {}
+            return slots[0] if len(slots) == 1 else {"allOf": slots}
+        if _drop_inapplicable(acc) is False:
             return False
-        if refs:  # references never get sibling keywords
-            return {"allOf": refs + rest + ([acc] if acc else [])}
-        if rest:
+        if slots[0] is None and all(x is None or "$ref" not in x for x in slots):
+            rest = slots[1:]
+            if not rest:
+                return acc
+            src = _sources(acc)
+            if "allOf" in acc and src[-1] != "allOf":
+                return {"allOf": [acc] + rest}  # appending to acc's allOf would reorder
             acc = dict(acc)
             acc["allOf"] = list(acc.get("allOf") or []) + rest
             if len(acc) == 1 and len(acc["allOf"]) == 1:
                 return acc["allOf"][0]
-        return acc
+            return acc
+        # references never get sibling keywords
+        items = [x for x in (acc if x is None else x for x in slots) if x != {}]
+        return items[0] if len(items) == 1 else {"allOf": items}
 
     # -- negation -------------------------------------------------------------------
     def negate(self, s: Any) -> Any:
@@ -782,9 +802,12 @@ _MERGE_MAXS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxPrope
 
 
 def _merge(a: dict, b: dict) -> Any:
-    """Exact merge of two schema objects, False if unsatisfiable, None if not mergeable."""
+    """Exact merge of two schema objects, False if unsatisfiable, None if not mergeable
+    (including when the merge would change the engine's property order)."""
     if "$ref" in a or "$ref" in b:
         return None  # a (cyclic) reference stays a branch of allOf, never gets siblings
+    if not _keeps_order(a, b):
+        return None
     for group in _GROUPS:
         ga = {k: a[k] for k in group if k in a}
         gb = {k: b[k] for k in group if k in b}
@@ -847,6 +870,63 @@ def _merge(a: dict, b: dict) -> Any:
         del out["const"]
         out["enum"] = keep
     return out
+
+
+# keywords that name object properties: llguidance generates properties in the order it
+# first meets them, walking a schema's keys in order (and allOf / anyOf / $ref in place)
+_ORDER_KEYS = frozenset({"properties", "allOf", "anyOf", "oneOf", "$ref"})
+
+
+def _sources(s: dict) -> list[str]:
+    """``s``'s keywords that may name properties, in key order."""
+    return [k for k in s if k in _ORDER_KEYS]
+
+
+def _comes_first(s: dict, key: str) -> bool:
+    """True when the subschema(s) under ``key`` name properties before the rest of ``s``
+    does: every other property-naming keyword of ``s`` comes after ``key``."""
+    keys = list(s)
+    at = keys.index(key)
+    others = [i for i, k in enumerate(keys) if k in _ORDER_KEYS and k != key]
+    return bool(others) and min(others) > at
+
+
+def _replace_key(s: dict, old: str, new: str, value: Any) -> dict:
+    """``s`` with ``old`` replaced by ``new: value`` at ``old``'s place (at ``new``'s own
+    place if ``s`` has it already)."""
+    keep = new in s
+    out: dict[str, Any] = {}
+    for k, v in s.items():
+        if k == old:
+            if not keep:
+                out[new] = value
+        elif k == new:
+            out[new] = value
+        else:
+            out[k] = v
+    return out
+
+
+def _keeps_order(a: dict, b: dict) -> bool:
+    """Whether merging ``b`` into ``a`` keeps the property order of ``allOf: [a, b]``:
+    every property ``a`` names, then those ``b`` names. A keyword both carry is merged at
+    ``a``'s place, one only ``b`` has goes last."""
+    sa, sb = _sources(a), _sources(b)
+    if not sa or not sb:
+        return True
+    shared = []
+    for k in sb:
+        if k not in a:
+            continue
+        if k == "properties" and isinstance(a[k], dict) and isinstance(b[k], dict) \
+                and all(n in a[k] or v is False for n, v in b[k].items()):
+            continue  # no new property that may appear: nothing moves
+        if k in ("anyOf", "oneOf") and _json_eq(a[k], b[k]):
+            continue
+        shared.append(k)
+    if not shared:
+        return True
+    return len(shared) == 1 and sa[-1] == shared[0] and sb[0] == shared[0]
 
 
 # keywords that read each other: merged only when one side has none of them, or equal
