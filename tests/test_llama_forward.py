@@ -167,6 +167,39 @@ def test_cascade_decode_equals_plain_and_transformers(models):
 
 
 @pytest.mark.model
+def test_cascade_takes_entries_with_a_few_new_tokens(models):
+    """Decode entries with several new tokens (forced runs, drafts) read the shared
+    prefix with the others, causally over their own tokens; prefill stays apart."""
+    from structgen.backends.embedded.llama import SeqInput
+
+    hf, m, tok = models
+    prefix = _ids(tok, "You are a helpful assistant. Answer briefly and precisely. " * 4)
+    tails = [_ids(tok, t) for t in (" Cats", " The dog barked at", " Why not now?")]
+    p = len(prefix)
+    kv = m.new_kv_pool(p + 200)
+    m.forward(m.prepare([SeqInput(prefix, list(range(p)), logits="none")]), kv)
+    new = [1, 3, 2]  # new tokens per entry: a decode token, then two short runs
+    inputs = []
+    for i, (t, k) in enumerate(zip(tails, new)):
+        slots = list(range(p)) + list(range(p + 30 * i, p + 30 * i + len(t)))
+        if len(t) > k:
+            m.forward(m.prepare([SeqInput(t[:-k], slots[:len(slots) - k], logits="none")]), kv)
+        inputs.append(SeqInput(t[-k:], slots, logits=k))
+    fresh = _ids(tok, "A fresh prompt with nothing cached at all")
+    fresh_slots = list(range(p + 120, p + 120 + len(fresh)))
+    inputs.append(SeqInput(fresh, fresh_slots, logits="last"))
+    cascade = m.prepare(inputs, cascade=None)
+    plain = m.prepare(inputs, cascade=False)
+    assert cascade.plan.decode.cascade and len(cascade.plan.decode.rows) == sum(new)
+    assert len(cascade.plan.prefill) == 1  # the fresh prompt
+    assert len(plain.plan.prefill) == 3 and not plain.plan.decode.cascade
+    oc, op = m.forward(cascade, kv), m.forward(plain, kv)
+    assert (oc - op).abs().max() < 1e-4
+    for t, k, rows in zip(tails, new, cascade.split(oc)[:3]):
+        assert (rows - _hf_logits(hf, prefix + t)[-k:]).abs().max() < TOL
+
+
+@pytest.mark.model
 def test_slots_hold_transformers_keys_and_values(models):
     from structgen.backends.embedded.llama import SeqInput
     from transformers import DynamicCache

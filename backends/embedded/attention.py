@@ -14,7 +14,10 @@ says how each part attends:
     start with the same ``P`` slots, all ``B * heads_per_kv`` queries attend to the
     prefix K/V, read once, in one matmul per KV head; then each sequence attends to
     its own suffix; the two partial softmaxes are merged by their log-sum-exp.
-    The result equals the plain path up to float rounding.
+    The result equals the plain path up to float rounding. Entries with a few new
+    tokens (a constraint's forced run, drafted tokens: up to ``MAX_SHORT``) join the
+    cascade too: each of their queries is one more row, reading the prefix with the
+    others and its own suffix up to its position (causal).
 
 GQA: query head ``h`` uses KV head ``h // (heads // kv_heads)``, as transformers'
 ``repeat_kv``. Softmax statistics are float32 whatever the KV dtype.
@@ -28,8 +31,10 @@ import torch
 import torch.nn.functional as F
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 
+MAX_SHORT = 32  # new tokens of an entry that may join the cascade group
+
 __all__ = [
-    "AttentionPlan", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
+    "MAX_SHORT", "AttentionPlan", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
     "attend_sdpa", "attend_shared", "merge_partials", "run_attention",
 ]
 
@@ -155,32 +160,54 @@ class AttentionPlan:
               cascade: bool | None = None, min_shared: int = 32) -> AttentionPlan:
         """Plan a batch: entry ``i`` has queries ``rows[i]`` and KV ``slots[i]`` (CPU long
         tensor of all its slots, positions ``0..``). ``cascade``: None = when the decode
-        entries share at least ``min_shared`` leading slots; True/False force it."""
-        prefill: list[PrefillItem] = []
-        dec_rows: list[int] = []
-        dec_slots: list[torch.Tensor] = []
+        entries (and those with at most ``MAX_SHORT`` new tokens) share at least
+        ``min_shared`` leading slots; True/False force it."""
+        single: list[tuple[slice, torch.Tensor]] = []
+        short: list[tuple[slice, torch.Tensor]] = []
+        long: list[tuple[slice, torch.Tensor]] = []
         for r, s in zip(rows, slots):
             n = r.stop - r.start
-            if n == 1:
-                dec_rows.append(r.start)
-                dec_slots.append(s)
-            else:
-                prefill.append(PrefillItem(r, len(s) - n, SlotRange.of(s.to(device))))
-        decode = cls._plan_decode(dec_rows, dec_slots, device, cascade, min_shared)
-        return cls(tuple(prefill), decode)
+            (single if n == 1 else short if n <= MAX_SHORT else long).append((r, s))
+        def ctx(e: tuple[slice, torch.Tensor]) -> torch.Tensor:  # + the first new slot
+            return e[1][:len(e[1]) - (e[0].stop - e[0].start) + 1]
+
+        # the prefix comes from the one-token entries (or every candidate if there are
+        # fewer than two); a short entry joins when its context starts with it
+        candidates = single + [e for e in short if len(ctx(e)) > 1]
+        base = single if len(single) >= 2 else candidates
+        shared = 0
+        if len(base) > 1 and cascade is not False:
+            shared = _shared_prefix_len([ctx(e) for e in base])
+        group = single
+        if shared:
+            head = base[0][1][:shared]
+            group = single + [e for e in short if len(ctx(e)) > shared
+                              and bool(torch.equal(e[1][:shared], head))]
+        use_cascade = shared > 0 and len(group) > 1 and (cascade is True or shared >= min_shared)
+        if not use_cascade:
+            group = single
+        long += [e for e in short if not any(e is g for g in group)]
+        prefill = [PrefillItem(r, len(s) - (r.stop - r.start), SlotRange.of(s.to(device)))
+                   for r, s in long]
+        q_rows: list[int] = []
+        keys: list[torch.Tensor] = []
+        for r, s in group:  # one query row per new token, reading its own keys causally
+            ctx = len(s) - (r.stop - r.start)
+            for j in range(r.stop - r.start):
+                q_rows.append(r.start + j)
+                keys.append(s[shared:ctx + j + 1])
+        prefix = SlotRange.of(group[0][1][:shared].to(device)) if use_cascade else None
+        return cls(tuple(prefill), cls._plan_decode(q_rows, keys, device, prefix))
 
     @staticmethod
-    def _plan_decode(rows: list[int], slots: list[torch.Tensor], device: torch.device,
-                     cascade: bool | None, min_shared: int) -> DecodePlan | None:
+    def _plan_decode(rows: list[int], own: list[torch.Tensor], device: torch.device,
+                     prefix: SlotRange | None) -> DecodePlan | None:
+        """Query ``rows[i]`` reads ``prefix`` (if any) and its own keys ``own[i]``."""
         if not rows:
             return None
         b = len(rows)
-        shared = _shared_prefix_len(slots) if b > 1 and cascade is not False else 0
-        use_cascade = shared > 0 and (cascade is True or shared >= min_shared)
-        prefix = SlotRange.of(slots[0][:shared].to(device)) if use_cascade else None
-        own = [s[shared:] for s in slots] if use_cascade else slots
         row_t = torch.tensor(rows, dtype=torch.long, device=device)
-        if b == 1 and not use_cascade:
+        if b == 1 and prefix is None:
             return DecodePlan(row_t, None, None, SlotRange.of(own[0].to(device)), None)
         lens = [len(s) for s in own]
         width = max(lens)
