@@ -322,6 +322,19 @@ def test_normalisation_keeps_the_engines_property_order(tokenizer, schema, insta
     _same(schema, instances)
 
 
+def test_unknown_keywords_keep_a_schema_plain():
+    from structgen.constraints.metacheck import scan_schema
+
+    # keys no draft and not the engine give a meaning: both ignore them
+    assert scan_schema({"type": "object", "properties": {"a": {"type": "string", "x-k8s": {"not": {}},
+                                                                "readonly": True, "_format": "x"}}}, 2020).plain
+    assert scan_schema({"type": "string", "id": "x"}, 6).plain is False  # draft-04's base URI keyword
+    for meaningful in ({"not": {}}, {"$ref": "#"}, {"x-guidance": {"lenient": True}}, {"oneOf": [{}]},
+                       {"uniqueItems": True}, {"dependencies": {"a": ["b"]}}, {"format": "int32"}):
+        assert not scan_schema({"type": "object", **meaningful}, 2020).plain, meaningful
+    assert not scan_schema({"type": "array", "prefixItems": [{}]}, 7).plain  # ignored by draft-07 only
+
+
 # --- the fast meta-check agrees with jsonschema on what it rejects -------------------------------
 
 

@@ -101,6 +101,21 @@ _PLAIN_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "h
                             "uri", "uuid"})
 
 
+def _meaningful() -> frozenset[str]:
+    """Keywords some draft's validator or the engine gives a meaning; any other key
+    (``x-...``, ``readonly``, ``_format``, ...) is ignored by both, so plainness holds."""
+    from structgen.constraints.normalize import _ANNOTATIONS, _KNOWN
+
+    neutral = {"readOnly", "writeOnly", "deprecated", "example", "markdownDescription", "enumDescriptions",
+               "deprecationMessage", "definitions", "$defs"}  # (a $ref makes a schema not plain)
+    return (frozenset(_KNOWN) | _ANNOTATIONS | {
+        "$ref", "$dynamicRef", "$recursiveRef", "$vocabulary", "x-guidance", "additionalItems",
+        "dependencies", "id"}) - neutral - _PLAIN
+
+
+_MEANINGFUL = _meaningful()
+
+
 def scan_schema(schema: Any, draft: int) -> Scan:
     """One walk: meta-schema problems (first one), ``$ref`` s, plainness."""
     scan = Scan(draft)
@@ -142,7 +157,7 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
         raise _Bad(f"{_short(s)} is not of type 'object', 'boolean'", path)
     ignored = _IGNORED.get(draft, ())
     for k, v in s.items():
-        if scan.plain and (k in ignored or k not in _PLAIN or (k == "format" and v not in _PLAIN_FORMATS)
+        if scan.plain and (k in ignored or k in _MEANINGFUL or (k == "format" and v not in _PLAIN_FORMATS)
                            or (draft <= 4 and k in ("exclusiveMinimum", "exclusiveMaximum"))):
             scan.plain = False  # the engine would read it otherwise than the draft's validator
         if k in ignored:
