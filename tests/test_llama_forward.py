@@ -166,6 +166,51 @@ def test_cascade_decode_equals_plain_and_transformers(models):
         assert (row - _hf_logits(hf, prefix + t)[-1]).abs().max() < TOL
 
 
+def test_cascade_groups_split_where_prefixes_diverge():
+    from structgen.backends.embedded.attention import AttentionPlan
+
+    a, b = list(range(100)), list(range(40)) + list(range(500, 560))  # share 40 slots
+    seqs = [a + [1000 + i] for i in range(3)] + [b + [2000 + i] for i in range(2)]
+    seqs.append(list(range(3000, 3050)))  # shares nothing
+    rows = [slice(i, i + 1) for i in range(len(seqs))]
+    plan = AttentionPlan.build(rows, [torch.tensor(s) for s in seqs], torch.device("cpu"))
+    groups = sorted((len(g.prefix), sorted(plan.decode.rows[g.queries].tolist()))
+                    for g in plan.decode.groups)
+    assert groups == [(100, [0, 1, 2]), (100, [3, 4])]  # two groups, not one of 40
+    assert plan.decode.index.shape == (6, 50)  # own suffixes; the loner reads all its 50
+    small = AttentionPlan.build(rows[:2], [torch.tensor(s[:20]) for s in seqs[:2]], torch.device("cpu"))
+    assert not small.decode.cascade  # 19 shared slots < min_shared
+
+
+@pytest.mark.model
+def test_two_prefix_groups_cascade_equals_plain_and_transformers(models):
+    from structgen.backends.embedded.llama import SeqInput
+
+    hf, m, tok = models
+    prefixes = [_ids(tok, "You are a helpful assistant. Answer briefly and precisely. " * 3),
+                _ids(tok, "Translate every sentence into French, keeping names as they are. " * 3)]
+    tails = [" Cats", " The dog", " Why?"]
+    kv = m.new_kv_pool(600)
+    bases, inputs, texts = [0, 300], [], []
+    for base, pre in zip(bases, prefixes):
+        m.forward(m.prepare([SeqInput(pre, list(range(base, base + len(pre))), logits="none")]), kv)
+        for i, t in enumerate(tails):
+            ids = _ids(tok, t)
+            own = list(range(base + 150 + 20 * i, base + 150 + 20 * i + len(ids)))
+            slots = list(range(base, base + len(pre))) + own
+            if len(ids) > 1:
+                m.forward(m.prepare([SeqInput(ids[:-1], slots[:-1], logits="none")]), kv)
+            inputs.append(SeqInput(ids[-1:], slots))
+            texts.append(pre + ids)
+    cascade = m.prepare(inputs, cascade=None)
+    assert sorted(len(g.prefix) for g in cascade.plan.decode.groups) == sorted(len(p) for p in prefixes)
+    plain = m.prepare(inputs, cascade=False)
+    oc, op = m.forward(cascade, kv), m.forward(plain, kv)
+    assert (oc - op).abs().max() < 1e-4
+    for ids, row in zip(texts, oc):
+        assert (row - _hf_logits(hf, ids)[-1]).abs().max() < TOL
+
+
 @pytest.mark.model
 def test_cascade_takes_entries_with_a_few_new_tokens(models):
     """Decode entries with several new tokens (forced runs, drafts) read the shared

@@ -34,7 +34,7 @@ from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 MAX_SHORT = 32  # new tokens of an entry that may join the cascade group
 
 __all__ = [
-    "MAX_SHORT", "AttentionPlan", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
+    "MAX_SHORT", "AttentionPlan", "CascadeGroup", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
     "attend_sdpa", "attend_shared", "merge_partials", "run_attention",
 ]
 
@@ -136,6 +136,14 @@ class PrefillItem:
 
 
 @dataclass(frozen=True)
+class CascadeGroup:
+    """Queries (positions in the decode plan's ``rows``) that share a prefix's KV."""
+
+    prefix: SlotRange
+    queries: torch.Tensor  # [G] indices into DecodePlan.rows
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     """The decode tokens (``rows`` of the packed batch) and how they read KV."""
 
@@ -143,11 +151,16 @@ class DecodePlan:
     index: torch.Tensor | None   # [B, L] gather index (suffix only when cascading)
     mask: torch.Tensor | None    # [B, L] valid keys, or None when nothing is padded
     single: SlotRange | None     # B == 1 and no cascade: read this range directly
-    prefix: SlotRange | None     # the shared prefix (cascade), else None
+    groups: tuple[CascadeGroup, ...] = ()  # shared prefixes, each read once for its queries
 
     @property
     def cascade(self) -> bool:
-        return self.prefix is not None
+        return bool(self.groups)
+
+    @property
+    def prefix(self) -> SlotRange | None:
+        """The (first) shared prefix, or None."""
+        return self.groups[0].prefix if self.groups else None
 
 
 @dataclass(frozen=True)
@@ -171,44 +184,49 @@ class AttentionPlan:
         def ctx(e: tuple[slice, torch.Tensor]) -> torch.Tensor:  # + the first new slot
             return e[1][:len(e[1]) - (e[0].stop - e[0].start) + 1]
 
-        # the prefix comes from the one-token entries (or every candidate if there are
-        # fewer than two); a short entry joins when its context starts with it
-        candidates = single + [e for e in short if len(ctx(e)) > 1]
-        base = single if len(single) >= 2 else candidates
-        shared = 0
-        if len(base) > 1 and cascade is not False:
-            shared = _shared_prefix_len([ctx(e) for e in base])
-        group = single
-        if shared:
-            head = base[0][1][:shared]
-            group = single + [e for e in short if len(ctx(e)) > shared
-                              and bool(torch.equal(e[1][:shared], head))]
-        use_cascade = shared > 0 and len(group) > 1 and (cascade is True or shared >= min_shared)
-        if not use_cascade:
-            group = single
-        long += [e for e in short if not any(e is g for g in group)]
-        prefill = [PrefillItem(r, len(s) - (r.stop - r.start), SlotRange.of(s.to(device)))
-                   for r, s in long]
+        # candidates: one-token entries, and short ones with context (not fresh prompts)
+        cands = single + [e for e in short if len(ctx(e)) > 1]
+        groups: list[tuple[int, list[tuple[slice, torch.Tensor]]]] = []
+        if cascade is not False and len(cands) > 1:
+            groups = _cascade_groups([ctx(e) for e in cands], 1 if cascade else min_shared)
+            groups = [(n, [cands[i] for i in members]) for n, members in groups]
+        in_group = {id(e) for _, members in groups for e in members}
+        long += [e for e in short if id(e) not in in_group]
         q_rows: list[int] = []
         keys: list[torch.Tensor] = []
-        for r, s in group:  # one query row per new token, reading its own keys causally
-            ctx = len(s) - (r.stop - r.start)
+        cascade_groups: list[CascadeGroup] = []
+
+        def add(e: tuple[slice, torch.Tensor], shared: int) -> None:
+            r, sl = e  # one query row per new token, reading its own keys causally
+            c = len(sl) - (r.stop - r.start)
             for j in range(r.stop - r.start):
                 q_rows.append(r.start + j)
-                keys.append(s[shared:ctx + j + 1])
-        prefix = SlotRange.of(group[0][1][:shared].to(device)) if use_cascade else None
-        return cls(tuple(prefill), cls._plan_decode(q_rows, keys, device, prefix))
+                keys.append(sl[shared:c + j + 1])
+
+        for shared, members in groups:
+            first = len(q_rows)
+            for e in members:
+                add(e, shared)
+            cascade_groups.append(CascadeGroup(
+                SlotRange.of(members[0][1][:shared].to(device)),
+                torch.arange(first, len(q_rows), device=device)))
+        for e in single:
+            if id(e) not in in_group:
+                add(e, 0)
+        prefill = [PrefillItem(r, len(sl) - (r.stop - r.start), SlotRange.of(sl.to(device)))
+                   for r, sl in long]
+        return cls(tuple(prefill), cls._plan_decode(q_rows, keys, device, tuple(cascade_groups)))
 
     @staticmethod
     def _plan_decode(rows: list[int], own: list[torch.Tensor], device: torch.device,
-                     prefix: SlotRange | None) -> DecodePlan | None:
-        """Query ``rows[i]`` reads ``prefix`` (if any) and its own keys ``own[i]``."""
+                     groups: tuple[CascadeGroup, ...]) -> DecodePlan | None:
+        """Query ``rows[i]`` reads its group's prefix (if any) and its own keys ``own[i]``."""
         if not rows:
             return None
         b = len(rows)
         row_t = torch.tensor(rows, dtype=torch.long, device=device)
-        if b == 1 and prefix is None:
-            return DecodePlan(row_t, None, None, SlotRange.of(own[0].to(device)), None)
+        if b == 1 and not groups:
+            return DecodePlan(row_t, None, None, SlotRange.of(own[0].to(device)))
         lens = [len(s) for s in own]
         width = max(lens)
         index = torch.zeros(b, width, dtype=torch.long)
@@ -218,19 +236,42 @@ class AttentionPlan:
         if min(lens) != width:
             mask = torch.arange(width)[None, :] < torch.tensor(lens)[:, None]
             mask = mask.to(device)
-        return DecodePlan(row_t, index.to(device), mask, None, prefix)
+        return DecodePlan(row_t, index.to(device), mask, None, groups)
 
 
-def _shared_prefix_len(slots: list[torch.Tensor]) -> int:
-    """Leading slots common to every decode sequence (never its own last token)."""
-    n = min(len(s) for s in slots) - 1
-    if n <= 0:
-        return 0
-    mat = torch.stack([s[:n] for s in slots])
-    same = (mat == mat[0]).all(dim=0)
-    if bool(same.all()):
-        return n
-    return int((~same).nonzero()[0, 0])
+def _cascade_groups(contexts: list[torch.Tensor], min_shared: int) -> list[tuple[int, list[int]]]:
+    """Partition sequences (their context slots, each ending with its first new slot,
+    which is never shared) into groups that read a common prefix once: ``[(shared
+    length, member indices)]``, groups of two or more only.
+
+    Sorted by slots, neighbours' common prefixes (LCP) decide: a run of sequences is one
+    group sharing its smallest LCP, or is split at that LCP, whichever reads fewer
+    prefix slots in total (a shared prefix of ``n`` slots saves ``n * (members - 1)``
+    reads); prefixes shorter than ``min_shared`` are not worth a group.
+    """
+    order = sorted(range(len(contexts)), key=lambda i: contexts[i].tolist())
+
+    def lcp(a: torch.Tensor, b: torch.Tensor) -> int:
+        n = min(len(a), len(b)) - 1
+        if n <= 0:
+            return 0
+        diff = (a[:n] != b[:n]).nonzero()
+        return n if diff.numel() == 0 else int(diff[0, 0])
+
+    links = [lcp(contexts[order[i]], contexts[order[i + 1]]) for i in range(len(order) - 1)]
+
+    def best(lo: int, hi: int) -> tuple[int, list[tuple[int, list[int]]]]:
+        """Members order[lo..hi] (inclusive): (slots saved, groups)."""
+        if lo == hi:
+            return 0, []
+        k = min(range(lo, hi), key=lambda i: links[i])
+        m = links[k]
+        whole = (m * (hi - lo), [(m, order[lo:hi + 1])]) if m >= min_shared else (0, [])
+        left, right = best(lo, k), best(k + 1, hi)
+        split = (left[0] + right[0], left[1] + right[1])
+        return whole if whole[0] >= split[0] and whole[1] else split
+
+    return best(0, len(order) - 1)[1] if order else []
 
 
 def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan,
@@ -256,11 +297,14 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
         flat = dec.index.reshape(-1)
         k = pool.k[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
         v = pool.v[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
-        if dec.prefix is not None:
+        if dec.groups:
             o, lse = attend_padded(qd, k, v, dec.mask, scale)
-            kp, vp = pool.read(layer, dec.prefix)
-            op, lsep = attend_shared(qd, kp, vp, scale)
-            o = merge_partials(op, lsep, o, lse)
+            for g in dec.groups:
+                kp, vp = pool.read(layer, g.prefix)
+                qg = qd.index_select(0, g.queries)
+                op, lsep = attend_shared(qg, kp, vp, scale)
+                o.index_copy_(0, g.queries, merge_partials(
+                    op, lsep, o.index_select(0, g.queries), lse.index_select(0, g.queries)))
         else:  # no statistics needed: SDPA is faster on the long padded keys
             o = attend_sdpa(qd, k, v, dec.mask, scale)
     out.index_copy_(0, dec.rows, o)
