@@ -229,9 +229,35 @@ class _Normalizer:
         self.memo: dict[str, Any] = {}        # pointer -> normalised (acyclic) target
         self.cyclic: set[str] = set()
         self.def_reasons: dict[str, tuple[str, ...]] = {}
-        self.anchors: dict[str, str] = {}
-        self.ref_counts: dict[str, int] = {}
-        self._index_anchors(root, "#")
+        self._anchors: dict[str, str] | None = None  # built on first use (few schemas have anchors)
+        self._ref_counts: dict[str, int] | None = None  # built at the first $ref
+
+    @property
+    def anchors(self) -> dict[str, str]:
+        if self._anchors is None:
+            self._anchors = {}
+            self._index_anchors(self.root, "#")
+        return self._anchors
+
+    @property
+    def ref_counts(self) -> dict[str, int]:
+        """How often each ``$ref`` string occurs (outside enum/const/default/examples)."""
+        if self._ref_counts is None:
+            counts: dict[str, int] = {}
+            stack = [self.root]
+            while stack:
+                x = stack.pop()
+                if isinstance(x, dict):
+                    ref = x.get("$ref")
+                    if isinstance(ref, str):
+                        counts[ref] = counts.get(ref, 0) + 1
+                    for k, v in x.items():
+                        if isinstance(v, (dict, list)) and k not in ("enum", "const", "default", "examples"):
+                            stack.append(v)
+                elif isinstance(x, list):
+                    stack.extend(v for v in x if isinstance(v, (dict, list)))
+            self._ref_counts = counts
+        return self._ref_counts
 
     # -- references ----------------------------------------------------------------
     def _index_anchors(self, s: Any, ptr: str, depth: int = 0) -> None:
@@ -244,9 +270,6 @@ class _Normalizer:
                     name = a[1:] if a.startswith("#") else (a if key == "$anchor" else None)
                     if name and "/" not in name:
                         self.anchors.setdefault(name, ptr)
-            ref = s.get("$ref")
-            if isinstance(ref, str):
-                self.ref_counts[ref] = self.ref_counts.get(ref, 0) + 1
             for k, v in s.items():
                 if isinstance(v, (dict, list)) and k not in ("enum", "const", "default", "examples"):
                     self._index_anchors(v, ptr + "/" + k.replace("~", "~0").replace("/", "~1"), depth + 1)
@@ -475,6 +498,8 @@ class _Normalizer:
 
     # -- keyword rewrites ----------------------------------------------------------------
     def dependent(self, s: dict) -> None:
+        if "dependentRequired" not in s and "dependentSchemas" not in s:
+            return
         req = s.pop("dependentRequired", None)
         sch = s.pop("dependentSchemas", None)
         pairs: list[tuple[str, Any]] = []
@@ -507,6 +532,8 @@ class _Normalizer:
             s["allOf"] = list(s.get("allOf") or []) + keep
 
     def min_max_properties(self, s: dict) -> None:
+        if "maxProperties" not in s and "minProperties" not in s:
+            return
         props: dict = s["properties"] if isinstance(s.get("properties"), dict) else {}
         required = [r for r in (s.get("required") or []) if isinstance(r, str)]
         closed = s.get("additionalProperties") is False and not s.get("patternProperties")
@@ -582,7 +609,9 @@ class _Normalizer:
         part is merged into the first mergeable one only where that keeps the order.
         """
         flat: list = []
-        for p in parts:
+        todo = list(reversed(parts))
+        while todo:
+            p = todo.pop()
             if p is True or p == {}:
                 continue
             if p is False:
@@ -590,7 +619,7 @@ class _Normalizer:
             if not isinstance(p, dict):
                 continue
             if set(p) == {"allOf"} and isinstance(p["allOf"], list):
-                flat.extend(p["allOf"])
+                todo.extend(reversed(p["allOf"]))  # nested allOf: its parts in place
             else:
                 flat.append(p)
         acc: Any = None
@@ -745,9 +774,20 @@ def _negate_enum(vals: list) -> list:
     return out
 
 
+_ONE_TYPE = {t: frozenset({t, "integer"} if t == "number" else {t}) for t in _TYPES}
+
+
 def _drop_inapplicable(s: dict) -> Any:
     """Drop keywords for types ``s`` cannot have (in place); False if no type is possible."""
-    ts = _types({k: s[k] for k in ("type", "enum", "const") if k in s})
+    if "enum" in s or "const" in s:
+        ts = _types({k: s[k] for k in ("type", "enum", "const") if k in s})
+    else:
+        t = s.get("type")
+        if t is None:
+            return s
+        ts = _ONE_TYPE.get(t) if isinstance(t, str) else None
+        if ts is None:
+            ts = _types({"type": t})
     if ts is not None:
         if not ts:
             return False
