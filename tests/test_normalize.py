@@ -449,6 +449,10 @@ def test_fuzz_normalisation_never_narrows(schema, instances):
             ok1 = v1.is_valid(x)
         except RecursionError:
             continue
+        except BaseException as exc:  # the same recursion, hit inside referencing's
+            if type(exc).__name__ != "PanicException":  # Rust __eq__: a pyo3 panic, not a RecursionError
+                raise
+            continue
         assert ok0 <= ok1, ("narrowed", schema, n.schema, x)
         if n.exact:
             assert ok0 == ok1, ("claimed exact", schema, n.schema, x)
