@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 
-MAX_SHORT = 32  # new tokens of an entry that may join the cascade group
+MAX_SHORT = 64  # new tokens of an entry that may join the cascade group
 
 __all__ = [
     "MAX_SHORT", "AttentionPlan", "CascadeGroup", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
