@@ -329,10 +329,19 @@ def test_unknown_keywords_keep_a_schema_plain():
     assert scan_schema({"type": "object", "properties": {"a": {"type": "string", "x-k8s": {"not": {}},
                                                                 "readonly": True, "_format": "x"}}}, 2020).plain
     assert scan_schema({"type": "string", "id": "x"}, 6).plain is False  # draft-04's base URI keyword
-    for meaningful in ({"not": {}}, {"$ref": "#"}, {"x-guidance": {"lenient": True}}, {"oneOf": [{}]},
+    for meaningful in ({"not": {}}, {"$ref": "other.json#/a"}, {"$ref": "#/definitions/a~1b"},
+                       {"x-guidance": {"lenient": True}}, {"oneOf": [{}]},
                        {"uniqueItems": True}, {"dependencies": {"a": ["b"]}}, {"format": "int32"}):
         assert not scan_schema({"type": "object", **meaningful}, 2020).plain, meaningful
     assert not scan_schema({"type": "array", "prefixItems": [{}]}, 7).plain  # ignored by draft-07 only
+    # a local JSON-pointer $ref: the engine resolves it as the validator does; before
+    # 2019-09 only where its siblings mean nothing (the validator ignores them)
+    defs = {"definitions": {"a": {"type": "string"}}}
+    assert scan_schema({**defs, "properties": {"x": {"$ref": "#/definitions/a", "description": "d"}}}, 7).plain
+    assert not scan_schema({**defs, "properties": {"x": {"$ref": "#/definitions/a", "maxLength": 3}}}, 7).plain
+    assert scan_schema({**defs, "properties": {"x": {"$ref": "#/definitions/a", "maxLength": 3}}}, 2020).plain
+    assert not scan_schema({**defs, "properties": {"x": {"$ref": "#/definitions/a"},
+                                                   "y": {"$id": "http://e/y", "type": "string"}}}, 2020).plain
 
 
 # --- the fast meta-check agrees with jsonschema on what it rejects -------------------------------

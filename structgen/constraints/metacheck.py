@@ -81,12 +81,13 @@ class Scan:
     *plain* -- only keywords the engine enforces exactly with the validator's meaning, so
     normalisation can be skipped."""
 
-    __slots__ = ("plain", "problem", "refs")
+    __slots__ = ("plain", "problem", "refs", "sub_ids")
 
     def __init__(self, draft: int) -> None:
         self.problem: tuple[str, list] | None = None
         self.refs: list[str] = []
         self.plain = draft >= 4
+        self.sub_ids = False  # an $id below the root (it would move the base of $refs)
 
 
 # keywords llguidance enforces exactly, with the same meaning in drafts 4 .. 2020-12
@@ -116,6 +117,18 @@ def _meaningful() -> frozenset[str]:
 _MEANINGFUL = _meaningful()
 
 
+# a plain $ref: a JSON pointer into the document, no escapes (the engine then resolves
+# it as the validator does); before 2019-09 only with siblings both ignore
+_PLAIN_REF = re.compile(r"#(/[A-Za-z0-9_.:$@+-]+)*")
+_REF_SIBLINGS = frozenset({"$ref", "title", "description", "$comment", "default", "examples"})
+
+
+def _plain_ref(s: dict, ref: Any, draft: int) -> bool:
+    if not isinstance(ref, str) or _PLAIN_REF.fullmatch(ref) is None:
+        return False
+    return draft >= 2019 or all(k in _REF_SIBLINGS or k not in _MEANINGFUL and k not in _PLAIN for k in s)
+
+
 def scan_schema(schema: Any, draft: int) -> Scan:
     """One walk: meta-schema problems (first one), ``$ref`` s, plainness."""
     scan = Scan(draft)
@@ -125,6 +138,8 @@ def scan_schema(schema: Any, draft: int) -> Scan:
         scan.problem = (bad.message, bad.path)
     except RecursionError:
         scan.problem = ("schema nested too deeply", [])
+    if scan.refs and scan.sub_ids:
+        scan.plain = False
     return scan
 
 
@@ -158,8 +173,11 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
     ignored = _IGNORED.get(draft, ())
     for k, v in s.items():
         if scan.plain and (k in ignored or k in _MEANINGFUL or (k == "format" and v not in _PLAIN_FORMATS)
-                           or (draft <= 4 and k in ("exclusiveMinimum", "exclusiveMaximum"))):
+                           or (draft <= 4 and k in ("exclusiveMinimum", "exclusiveMaximum"))) \
+                and not (k == "$ref" and _plain_ref(s, v, draft)):
             scan.plain = False  # the engine would read it otherwise than the draft's validator
+        if k == "$id" and depth:
+            scan.sub_ids = True
         if k in ignored:
             continue
         if k == "$ref" and isinstance(v, str):
