@@ -14,6 +14,13 @@ next rung is a *looser* schema that still admits every valid value:
 6. ``type``      any JSON value of the schema's top-level type(s);
 7. ``any``       any JSON value.
 
+Between ``coerce`` and ``lenient`` sits a second engine: when llguidance cannot compile the
+normalised schema even with ``oneOf`` read as ``anyOf``, XGrammar (optional, imported
+lazily: :mod:`structgen.constraints.xgrammar_engine`) is asked for the same schema -- rung
+``xgrammar``, tighter than the llguidance rungs that ignore or drop keywords, but never
+exact. When XGrammar is missing, fails or times out, a note says so and the llguidance
+ladder goes on.
+
 Every rung after the first is marked ``exact=False``: the compiled constraint then only
 guarantees well-formed JSON of roughly the right shape, and
 :func:`structgen.validation.validate_output` (jsonschema, formats checked) is what keeps
@@ -37,7 +44,14 @@ from structgen.errors import ConstraintError
 
 __all__ = ["RUNGS", "SchemaGrammar", "relax", "schema_grammar", "skeleton"]
 
-RUNGS = ("exact", "coerce", "lenient", "relaxed", "skeleton", "type", "any")
+# "xgrammar": the same schema compiled by XGrammar (the second engine), see _second_engine
+RUNGS = ("exact", "coerce", "xgrammar", "lenient", "relaxed", "skeleton", "type", "any")
+#: the llguidance rung after which XGrammar is tried. Not right after "exact": "coerce" is
+#: the exact schema with oneOf read as anyOf, and on MaskBench it rejects more invalid
+#: instances than XGrammar (which also reads oneOf as anyOf and ignores a oneOf branch's
+#: sibling keywords); from "lenient" down llguidance ignores or drops keywords, and
+#: XGrammar is tighter.
+SECOND_ENGINE_AFTER = "coerce"
 
 # keywords dropped by the "relaxed" rung (each drop widens)
 _RELAX_DROP = frozenset({
@@ -61,7 +75,8 @@ class SchemaGrammar:
     #: why earlier rungs failed, what normalisation widened, engine warnings.
     warnings: tuple[str, ...] = ()
     schema: Any = None  # the schema the grammar was built from
-    #: a fresh ``llguidance.LLMatcher`` for the grammar (a template to ``deep_copy``)
+    #: a fresh ``llguidance.LLMatcher`` for the grammar (a template to ``deep_copy``); for
+    #: the ``xgrammar`` rung an :class:`~structgen.constraints.xgrammar_engine.XGrammarTemplate`
     matcher: Any = None
 
 
@@ -163,7 +178,8 @@ def _try(schema: Any, options: dict, tokenizer: Any) -> tuple[str | None, Any, l
 
 
 def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = False,
-                   plain: bool = False, text: str | None = None) -> SchemaGrammar:
+                   plain: bool = False, text: str | None = None,
+                   second_engine: bool = True) -> SchemaGrammar:
     """The best grammar llguidance can build for ``schema`` (already meta-checked).
 
     ``tokenizer`` is an ``llguidance.LLTokenizer``. ``plain``: the schema uses only
@@ -194,4 +210,28 @@ def schema_grammar(schema: Any, tokenizer: Any, *, whitespace_flexible: bool = F
             exact = rung == "exact" and norm.exact
             return SchemaGrammar(grammar, exact, rung, tuple(notes + messages), candidate, matcher)
         notes.extend(f"{rung}: {m}" for m in messages)
+        if rung == SECOND_ENGINE_AFTER and second_engine:
+            other = _second_engine(norm.schema, tokenizer, whitespace_flexible, notes)
+            if other is not None:
+                return other
     raise ConstraintError("cannot compile even an unconstrained JSON grammar: " + "; ".join(notes[-3:]))
+
+
+# --- the second engine: XGrammar, between the "coerce" and "lenient" rungs ---------------
+
+
+def _second_engine(schema: Any, tokenizer: Any, whitespace_flexible: bool,
+                   notes: list[str]) -> SchemaGrammar | None:
+    """The ``xgrammar`` rung: the normalised schema compiled by XGrammar, when llguidance
+    could not compile it (nor its ``coerce`` form). Always ``exact=False`` (XGrammar
+    accepts some invalid instances; final validation guards them); ``matcher`` is then an
+    :class:`~structgen.constraints.xgrammar_engine.XGrammarTemplate`. XGrammar missing,
+    failing or timing out: a note, and the llguidance ladder goes on (``None``)."""
+    from structgen.constraints.xgrammar_engine import XGRAMMAR_RUNG, compile_schema
+
+    template, messages = compile_schema(schema, tokenizer, whitespace_flexible=whitespace_flexible)
+    if template is None:
+        notes.extend(f"{XGRAMMAR_RUNG}: {m}" for m in messages)
+        return None
+    used = "engine: xgrammar (llguidance could not compile the schema; final validation guards the output)"
+    return SchemaGrammar("", False, XGRAMMAR_RUNG, (*notes, used), schema, template)

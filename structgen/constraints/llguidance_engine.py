@@ -61,6 +61,7 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.constraints.xgrammar_engine import XGRAMMAR_RUNG, XGrammarCompiled
 from structgen.errors import ConstraintError
 
 __all__ = ["LLGuidanceCompiled", "LLGuidanceCompiler", "LLGuidanceMatcher", "python_regex_to_rust", "to_grammar"]
@@ -348,7 +349,7 @@ class LLGuidanceCompiler(ConstraintCompiler):
     def llguidance_tokenizer(self) -> Any:
         return self._vocab.tokenizer
 
-    def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled:
+    def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled | XGrammarCompiled:
         if isinstance(spec, JsonSchemaSpec):
             return self._compile_json(spec)
         grammar = to_grammar(spec)
@@ -365,7 +366,7 @@ class LLGuidanceCompiler(ConstraintCompiler):
         return LLGuidanceCompiled(spec, grammar, template, self._vocab,
                                   warnings=[_first_line(m) for m in messages])
 
-    def _compile_json(self, spec: JsonSchemaSpec) -> LLGuidanceCompiled:
+    def _compile_json(self, spec: JsonSchemaSpec) -> LLGuidanceCompiled | XGrammarCompiled:
         """Normalise, then the strictest grammar the engine builds (see
         :mod:`structgen.constraints.fallback`): looser rungs (``exact=False``) still admit
         every valid value, and final validation guards the result."""
@@ -376,5 +377,7 @@ class LLGuidanceCompiler(ConstraintCompiler):
         scan = scan_checked(schema)
         built = schema_grammar(schema, self._vocab.tokenizer, whitespace_flexible=spec.whitespace == "flexible",
                                plain=scan.plain, text=spec.schema)
+        if built.rung == XGRAMMAR_RUNG:  # the second engine compiled it (never exact)
+            return XGrammarCompiled(spec, built.matcher, warnings=built.warnings)
         return LLGuidanceCompiled(spec, built.grammar, built.matcher, self._vocab, exact=built.exact,
                                   warnings=built.warnings)
