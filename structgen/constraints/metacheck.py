@@ -182,102 +182,101 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
             continue
         if k == "$ref" and isinstance(v, str):
             scan.refs.append(v)
-        p = path + [k]
         if k == "type":
             names = v if isinstance(v, list) else [v]
             if isinstance(v, list) and len(set(map(repr, v))) != len(v):
-                raise _Bad(f"{_short(v)} has non-unique elements", p)
+                raise _Bad(f"{_short(v)} has non-unique elements", path + [k])
             if isinstance(v, list) and not v and draft <= 4:
-                raise _Bad(f"{v!r} should be non-empty", p)
+                raise _Bad(f"{v!r} should be non-empty", path + [k])
             for n in names:
                 if not (isinstance(n, str) and n in _TYPE_NAMES):
-                    raise _Bad(f"{_short(v)} is not valid under any of the given schemas", p)
+                    raise _Bad(f"{_short(v)} is not valid under any of the given schemas", path + [k])
         elif k in _SCHEMA_MAPS:
             if not isinstance(v, dict):
-                raise _Bad(f"{_short(v)} is not of type 'object'", p)
+                raise _Bad(f"{_short(v)} is not of type 'object'", path + [k])
             for pk, pv in v.items():
-                _schema(pv, draft, p + [pk], depth, scan)
+                _schema(pv, draft, path + [k, pk], depth, scan)
         elif k in _SCHEMA_ONE:
             if k in ("additionalProperties", "additionalItems") and isinstance(v, bool):
                 continue
-            _schema(v, draft, p, depth, scan)
+            _schema(v, draft, path + [k], depth, scan)
         elif k in _SCHEMA_LISTS:
             if not isinstance(v, list):
-                raise _Bad(f"{_short(v)} is not of type 'array'", p)
+                raise _Bad(f"{_short(v)} is not of type 'array'", path + [k])
             if not v:
-                raise _Bad(f"{v!r} should be non-empty", p)
+                raise _Bad(f"{v!r} should be non-empty", path + [k])
             for i, x in enumerate(v):
-                _schema(x, draft, p + [i], depth, scan)
+                _schema(x, draft, path + [k, i], depth, scan)
         elif k == "items":
             if isinstance(v, list) and draft < 2020:
                 if draft <= 4 and not v:
-                    raise _Bad(f"{v!r} should be non-empty", p)
+                    raise _Bad(f"{v!r} should be non-empty", path + [k])
                 for i, x in enumerate(v):
-                    _schema(x, draft, p + [i], depth, scan)
+                    _schema(x, draft, path + [k, i], depth, scan)
             else:
-                _schema(v, draft, p, depth, scan)
+                _schema(v, draft, path + [k], depth, scan)
         elif k == "prefixItems" and draft >= 2020:
             if not isinstance(v, list) or not v:
-                raise _Bad(f"{_short(v)} is not a non-empty array", p)
+                raise _Bad(f"{_short(v)} is not a non-empty array", path + [k])
             for i, x in enumerate(v):
-                _schema(x, draft, p + [i], depth, scan)
+                _schema(x, draft, path + [k, i], depth, scan)
         elif k in _COUNTS:
             if not _count(v):
                 raise _Bad(f"{_short(v)} is not of type 'integer'" if not _num(v) else
-                           f"{v!r} is less than the minimum of 0", p)
+                           f"{v!r} is less than the minimum of 0", path + [k])
         elif k in _NUMBERS:
             if not _num(v):
-                raise _Bad(f"{_short(v)} is not of type 'number'", p)
+                raise _Bad(f"{_short(v)} is not of type 'number'", path + [k])
         elif k in ("exclusiveMaximum", "exclusiveMinimum"):
             if draft <= 4:
                 if not isinstance(v, bool):
-                    raise _Bad(f"{_short(v)} is not of type 'boolean'", p)
+                    raise _Bad(f"{_short(v)} is not of type 'boolean'", path + [k])
             elif not _num(v):
-                raise _Bad(f"{_short(v)} is not of type 'number'", p)
+                raise _Bad(f"{_short(v)} is not of type 'number'", path + [k])
         elif k == "multipleOf":
             if not _num(v):
-                raise _Bad(f"{_short(v)} is not of type 'number'", p)
+                raise _Bad(f"{_short(v)} is not of type 'number'", path + [k])
             if v <= 0:
-                raise _Bad(f"{v!r} is less than or equal to the minimum of 0", p)
+                raise _Bad(f"{v!r} is less than or equal to the minimum of 0", path + [k])
         elif k == "required":
             if draft <= 3:
                 continue
             if not isinstance(v, list):
-                raise _Bad(f"{_short(v)} is not of type 'array'", p)
+                raise _Bad(f"{_short(v)} is not of type 'array'", path + [k])
             if draft <= 4 and not v:
-                raise _Bad(f"{v!r} should be non-empty", p)
+                raise _Bad(f"{v!r} should be non-empty", path + [k])
             for x in v:
                 if not isinstance(x, str):
-                    raise _Bad(f"{_short(x)} is not of type 'string'", p)
+                    raise _Bad(f"{_short(x)} is not of type 'string'", path + [k])
             if len(set(v)) != len(v):
-                raise _Bad(f"{_short(v)} has non-unique elements", p)
+                raise _Bad(f"{_short(v)} has non-unique elements", path + [k])
         elif k == "enum":
             if not isinstance(v, list):
-                raise _Bad(f"{_short(v)} is not of type 'array'", p)
+                raise _Bad(f"{_short(v)} is not of type 'array'", path + [k])
             if draft <= 4 and not v:
-                raise _Bad(f"{v!r} should be non-empty", p)
+                raise _Bad(f"{v!r} should be non-empty", path + [k])
         elif k == "uniqueItems":
             if not isinstance(v, bool):
-                raise _Bad(f"{_short(v)} is not of type 'boolean'", p)
+                raise _Bad(f"{_short(v)} is not of type 'boolean'", path + [k])
         elif k in _STRINGS:
             if not isinstance(v, str):
-                raise _Bad(f"{_short(v)} is not of type 'string'", p)
+                raise _Bad(f"{_short(v)} is not of type 'string'", path + [k])
             if k == "pattern" and not _regex_ok(v):
-                raise _Bad(f"{_short(v)} is not a 'regex'", p)
+                raise _Bad(f"{_short(v)} is not a 'regex'", path + [k])
         elif k in ("dependencies",):
             if not isinstance(v, dict):
-                raise _Bad(f"{_short(v)} is not of type 'object'", p)
+                raise _Bad(f"{_short(v)} is not of type 'object'", path + [k])
             for dk, dv in v.items():
                 if isinstance(dv, list):
                     if not all(isinstance(x, str) for x in dv):
-                        raise _Bad(f"{_short(dv)} is not valid under any of the given schemas", p + [dk])
+                        raise _Bad(f"{_short(dv)} is not valid under any of the given schemas", path + [k, dk])
                 else:
-                    _schema(dv, draft, p + [dk], depth, scan)
+                    _schema(dv, draft, path + [k, dk], depth, scan)
         elif k == "dependentRequired" and draft >= 2019:
             if not isinstance(v, dict):
-                raise _Bad(f"{_short(v)} is not of type 'object'", p)
+                raise _Bad(f"{_short(v)} is not of type 'object'", path + [k])
             for dk, dv in v.items():
                 if not isinstance(dv, list) or not all(isinstance(x, str) for x in dv):
-                    raise _Bad(f"{_short(dv)} is not of type 'array'", p + [dk])
+                    raise _Bad(f"{_short(dv)} is not of type 'array'", path + [k, dk])
         elif k in ("$id", "id") and (k == "$id" or draft <= 4) and not isinstance(v, str):
-            raise _Bad(f"{_short(v)} is not of type 'string'", p)
+            raise _Bad(f"{_short(v)} is not of type 'string'", path + [k])
