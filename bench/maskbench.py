@@ -609,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"goal: mask-only passing >= {goal:.1f} (llguidance {raw.get('passing', 0)} + 25% of {failed})")
         if args.generate:
             looser = [r["file"] for r in rows["structgen"] if r.get("exact") is False]
+            # a seeded random sample across sources (the rows are in file-name order)
+            looser = random.Random(args.seed).sample(looser, min(args.generate, len(looser)))
             generate_on_looser(args.dir, looser, args.generate, args.max_tokens)
         if raw is not None:
             # the same statistics on the files both compile (structgen also walks the
