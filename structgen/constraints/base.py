@@ -60,11 +60,27 @@ class Matcher(ABC):
 
     def draft_tokens(self, prefer: Sequence[int] | None = None) -> list[int]:
         """A likely tokenization of :meth:`forced_text`, to verify rather than force:
-        ``prefer`` (e.g. how the model tokenized the same text before) if the
-        constraint allows it, else the canonical tokens; only the allowed prefix. The
-        decoder computes them speculatively and keeps those it would have chosen
-        itself. Default: none."""
-        return []
+        ``prefer`` (e.g. how the model tokenized the same text before) if it spells that
+        text and the constraint allows it, else :meth:`tokenize_bytes`; only the prefix
+        the constraint allows. The decoder computes them speculatively and keeps those
+        it would have chosen itself."""
+        rest = self.forced_text()
+        if not rest:
+            return []
+        if prefer:
+            ids = [int(t) for t in prefer]
+            if self.token_bytes(ids) == rest and self.validate_tokens(ids) == len(ids):
+                return ids
+        ids = self.tokenize_bytes(rest)
+        return ids[:self.validate_tokens(ids)]
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many of ``token_ids`` would be accepted in order, without changing state."""
+        raise NotImplementedError
+
+    def tokenize_bytes(self, text: bytes) -> list[int]:
+        """The canonical tokens of ``text``."""
+        raise NotImplementedError
 
     def token_bytes(self, token_ids: Sequence[int]) -> bytes:
         """The bytes of ``token_ids`` (for matching them against :meth:`forced_text`)."""

@@ -258,20 +258,8 @@ class LLGuidanceMatcher(Matcher):
             return []
         return [int(t) for t in self._m.compute_ff_tokens()]
 
-    def draft_tokens(self, prefer: Sequence[int] | None = None) -> list[int]:
-        """The forced bytes left after :meth:`forced_tokens` (llguidance holds back the
-        last forced token: it may merge with the free text that follows) as ``prefer``
-        or canonically tokenized; only the prefix the grammar accepts."""
-        rest = self.forced_text()
-        if not rest:
-            return []
-        if prefer:
-            ids = [int(t) for t in prefer]
-            n = self.validate_tokens(ids)
-            if n == len(ids) and self.token_bytes(ids) == rest:
-                return ids
-        ids = [int(t) for t in self._vocab.tokenizer.tokenize_bytes(rest)]
-        return ids[:self.validate_tokens(ids)]
+    def tokenize_bytes(self, text: bytes) -> list[int]:
+        return [int(t) for t in self._vocab.tokenizer.tokenize_bytes(text)]
 
     def token_bytes(self, token_ids: Sequence[int]) -> bytes:
         return bytes(self._vocab.tokenizer.decode_bytes([int(t) for t in token_ids]))

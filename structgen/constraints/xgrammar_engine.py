@@ -417,17 +417,11 @@ class XGrammarMatcher(Matcher):
         """The text every continuation starts with (whole UTF-8 characters only)."""
         return b"" if self.is_stopped() else self._m.find_jump_forward_string().encode()
 
-    def draft_tokens(self, prefer: Sequence[int] | None = None) -> list[int]:
-        """The forced text left after :meth:`forced_tokens`, as ``prefer`` or as llguidance's
-        tokenizer splits it; only the prefix the grammar accepts (checked on a fork)."""
-        rest = self.forced_text()
-        if not rest:
-            return []
-        if prefer:
-            ids = [int(t) for t in prefer]
-            if self.token_bytes(ids) == rest and len(self._accepted_prefix(ids)) == len(ids):
-                return ids
-        return self._accepted_prefix([int(t) for t in self._engine.lltokenizer.tokenize_bytes(rest)])
+    def tokenize_bytes(self, text: bytes) -> list[int]:
+        return [int(t) for t in self._engine.lltokenizer.tokenize_bytes(text)]
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        return len(self._accepted_prefix(token_ids))
 
     def _accepted_prefix(self, ids: Sequence[int]) -> list[int]:
         probe = self._m.fork()
