@@ -254,8 +254,10 @@ def test_stalled_response_times_out_without_hanging(server):
 def test_zz_server_killed_mid_batch_fails_only_what_it_was_serving(server, backend):
     """Runs last: kills the module's server."""
     b = _fault_backend(server.url, max_retries=1, timeout=60, max_concurrency=16)
-    reqs = [GenerateRequest(prompt=f"Story {i}:", params=SamplingParams(max_new_tokens=400, ignore_eos=True))
-            for i in range(8)]
+    # far more work than 1.5 s can finish, however fast the machine (the tiny model on a
+    # quick CPU did 8 x 400 tokens in under 2 s): 32 x 1,900 tokens, 16 in flight
+    reqs = [GenerateRequest(prompt=f"Story {i}:", params=SamplingParams(max_new_tokens=1900, ignore_eos=True))
+            for i in range(32)]
     result: dict[str, object] = {}
 
     def run() -> None:
@@ -266,7 +268,7 @@ def test_zz_server_killed_mid_batch_fails_only_what_it_was_serving(server, backe
     t = threading.Thread(target=run)
     t0 = time.monotonic()
     t.start()
-    time.sleep(2.0)
+    time.sleep(1.5)
     server.kill()
     t.join(timeout=60)
     assert not t.is_alive(), "batch hung after the server died"
