@@ -480,7 +480,7 @@ def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> 
     from structgen.validation import validate_output
 
     backend = EmbeddedBackend()
-    ok = bad = failed = 0
+    ok = bad = cut = failed = 0
     shown = 0
     try:
         for name in names[:n]:
@@ -499,6 +499,7 @@ def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> 
                 ok += 1
             except OutputValidationError as exc:
                 bad += 1
+                cut += bool(exc.truncated)
                 if shown < 2:
                     shown += 1
                     print(f"  {name}: OutputValidationError: {str(exc)[:300]}")
@@ -508,7 +509,8 @@ def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> 
     finally:
         backend.close()
     print(f"embedded model on {min(n, len(names))} looser constraints (greedy, max {max_tokens} tokens): "
-          f"{ok} pass the final validation, {bad} rejected by it (OutputValidationError), {failed} errors")
+          f"{ok} pass the final validation, {bad} rejected by it (OutputValidationError: {cut} cut short "
+          f"by max_tokens, {bad - cut} complete but invalid), {failed} errors")
 
 
 def main(argv: list[str] | None = None) -> int:
