@@ -346,7 +346,9 @@ class Engine:
         if not text:
             return
         job.spans.append((text, len(gen.out_ids)))
-        job.draft = m.draft_tokens(self._tokenizations.get(text))[:_MAX_DRAFT]
+        # no more than the tokens left before max_new_tokens, the last one sampled
+        room = min(_MAX_DRAFT, gen.params.max_new_tokens - len(gen.out_ids) - 1)
+        job.draft = m.draft_tokens(self._tokenizations.get(text))[:max(room, 0)]
         for tok in job.draft:
             self.scheduler.append(job.rt, tok)
         self.draft_tokens += len(job.draft)
