@@ -355,7 +355,8 @@ def test_every_sequence_finishes_within_budget(w: dict) -> None:
                 sched.truncate(s, s.num_output_tokens - targets[s.seq_id])
                 sched.finish(s)
                 continue
-            d = min(rng.randint(0, w["max_draft"]), targets[s.seq_id] - s.num_output_tokens)
+            # as the engine: no more than the room left before the last, sampled token
+            d = max(min(rng.randint(0, w["max_draft"]), targets[s.seq_id] - s.num_output_tokens - 1), 0)
             for _ in range(d):
                 sched.append(s, rng.randrange(4))
             drafts[s.seq_id] = d
