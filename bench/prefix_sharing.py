@@ -120,14 +120,18 @@ def main() -> None:
     ap.add_argument("--competitor-docs", type=int, default=None,
                     help="documents for outlines and llama.cpp (default: all)")
     ap.add_argument("--competitor-logs", default="/tmp/structgen-p2-logs")
+    ap.add_argument("--dtype", default="auto",
+                    help="the embedded model's dtype (default auto: bfloat16 where the CPU computes it "
+                         "natively, as vLLM runs it here, else float32)")
     ap.add_argument("--skip-cache-off", action="store_true",
                     help="skip the cache-off runs (cache_speedup=nan); for P2-only runs")
     args = ap.parse_args()
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.backends.embedded.engine import EngineConfig
 
-    on = EmbeddedBackend()
-    off = EmbeddedBackend(engine=EngineConfig(prefix_cache=False))
+    on = EmbeddedBackend(dtype=args.dtype)
+    print(f"structgen dtype {on.runner().model.dtype}", flush=True)
+    off = EmbeddedBackend(engine=EngineConfig(prefix_cache=False), dtype=args.dtype)
     prefix = build_prefix(on.tokenizer)
     items = [{"prefix": prefix, "doc": d} for d in documents(args.docs)]
     prompts = [on.encode(trace_first_prompt(extract, it, on)) for it in items]

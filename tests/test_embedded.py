@@ -35,6 +35,19 @@ ISO_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 
 
 # -- pure parts: no model ------------------------------------------------------------------
+def test_dtype_auto_picks_bf16_only_where_the_cpu_computes_it(monkeypatch):
+    import torch
+    from structgen.backends.embedded import backend as mod
+
+    assert isinstance(mod.cpu_has_native_bf16(), bool)
+    monkeypatch.setattr(mod, "cpu_has_native_bf16", lambda: True)
+    assert mod._pick_dtype("auto", "cpu") is torch.bfloat16
+    assert mod._pick_dtype(None, "cpu") is torch.float32  # the default stays batch-invariant
+    monkeypatch.setattr(mod, "cpu_has_native_bf16", lambda: False)
+    assert mod._pick_dtype("auto", "cpu") is torch.float32
+    assert mod._pick_dtype("float16", "cpu") is torch.float16
+
+
 def test_common_prefix_len():
     assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_len([], [1]) == 0

@@ -55,6 +55,10 @@ def _pick_device(device: str) -> str:
 
 
 def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
+    if dtype == "auto":  # the fastest dtype this device computes natively
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if isinstance(dtype, str):
         try:
             dtype = getattr(torch, dtype)
@@ -67,11 +71,29 @@ def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
     return torch.float32
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX): there a bf16 forward is
+    faster than fp32 (SmolLM2 batch decode ~1.3x on a Zen 4). Without it bf16 is emulated
+    and 3-4x slower (measured on an AVX2-only CPU), so fp32 stays the default there."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 class EmbeddedBackend(Backend):
     """SmolLM2-135M-Instruct (or any local HF causal LM / ``.gguf`` / hub id) in-process.
 
     ``device="auto"`` picks CUDA when available, else CPU; ``dtype=None`` picks float32 on
-    CPU and bfloat16 (float16) on CUDA. ``prefix_cache_entries`` / ``prefix_cache_tokens``
+    CPU and bfloat16 (float16) on CUDA. ``dtype="auto"`` also picks bfloat16 on a CPU that
+    computes it natively (AVX512-BF16 / AMX): faster there (P2), but bf16 logits depend on
+    the batch's shape, so greedy outputs may then differ between a sequence decoded alone
+    and in a batch, or with jump-forward on and off; float32 keeps them identical. ``prefix_cache_entries`` / ``prefix_cache_tokens``
     bound the KV kept for reuse between program steps on the unbatched path.
     ``overlap_mask=False`` computes constraint masks inline (for benchmarking the overlap).
 
