@@ -26,7 +26,42 @@ __all__ = ["CompiledConstraint", "ConstraintCompiler", "Matcher"]
 
 
 class Matcher(ABC):
-    """Per-sequence constraint state over token ids."""
+    """Per-sequence constraint state over token ids.
+
+    Engine matchers share the consumed-token bookkeeping below: ``_history`` holds one
+    flag per consumed token, True for an EOS the engine itself never saw (EOS accepted
+    after the grammar stopped), which rollback skips; ``_error`` is the error state.
+    """
+
+    _history: list[bool]
+    _error: str | None
+
+    def _start_history(self) -> None:
+        self._history = []
+        self._error = None
+
+    def _unwind(self, n: int) -> int:
+        """Drop the last ``n`` consumed tokens from the history; how many of them the
+        engine saw (what it must roll back). ``ValueError`` if fewer were consumed."""
+        if n < 0 or n > len(self._history):
+            raise ValueError(f"cannot roll back {n} tokens; {len(self._history)} consumed")
+        real = 0
+        for _ in range(n):
+            if not self._history.pop():
+                real += 1
+        return real
+
+    def _copy_history_to(self, twin: Matcher) -> None:
+        twin._history = list(self._history)
+        twin._error = self._error
+
+    @property
+    def num_consumed(self) -> int:
+        return len(self._history)
+
+    def reset(self) -> None:
+        """Back to the start of the output (clears nothing if in the error state)."""
+        self.rollback(len(self._history))
 
     @abstractmethod
     def fill_bitmask(self, bitmask: Any, index: int = 0) -> None:

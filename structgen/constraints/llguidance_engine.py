@@ -184,10 +184,7 @@ class LLGuidanceMatcher(Matcher):
     def __init__(self, inner: Any, vocab: _Vocab):
         self._m = inner
         self._vocab = vocab
-        # Tokens consumed, in order; True marks an EOS llguidance did not record
-        # (EOS after the grammar stopped), so rollback can skip it.
-        self._history: list[bool] = []
-        self._error: str | None = None
+        self._start_history()  # consumed tokens and error state (see Matcher)
         self._last_row: tuple[Any, int, int, int, int] | None = None
 
     # -- masks
@@ -229,22 +226,10 @@ class LLGuidanceMatcher(Matcher):
         self._history.append(virtual)
         return True
 
-    def consume_many(self, token_ids: Sequence[int]) -> bool:
-        return all(self.consume(t) for t in token_ids)
-
     def rollback(self, n: int) -> None:
-        if n < 0 or n > len(self._history):
-            raise ValueError(f"cannot roll back {n} tokens; {len(self._history)} consumed")
-        real = 0
-        for _ in range(n):
-            if not self._history.pop():
-                real += 1
+        real = self._unwind(n)
         if real and not self._m.rollback(real):
             self._error = _first_line(self._m.get_error()) or "rollback failed"
-
-    def reset(self) -> None:
-        """Back to the start of the output (clears nothing if in the error state)."""
-        self.rollback(len(self._history))
 
     # -- queries
     def is_accepting(self) -> bool:
@@ -273,15 +258,10 @@ class LLGuidanceMatcher(Matcher):
             self._error = _first_line(self._m.get_error())
         return self._error
 
-    @property
-    def num_consumed(self) -> int:
-        return len(self._history)
-
     def fork(self) -> LLGuidanceMatcher:
         """An independent copy of this matcher's state (for ``fork`` / beam branches)."""
         twin = LLGuidanceMatcher(self._m.deep_copy(), self._vocab)
-        twin._history = list(self._history)
-        twin._error = self._error
+        self._copy_history_to(twin)
         return twin
 
 

@@ -318,10 +318,7 @@ class XGrammarMatcher(Matcher):
     def __init__(self, inner: Any, engine: XGrammarEngine):
         self._m = inner
         self._engine = engine
-        # Tokens consumed, in order; True marks an EOS XGrammar did not see (EOS after the
-        # matcher stopped), so rollback can skip it.
-        self._history: list[bool] = []
-        self._error: str | None = None
+        self._start_history()  # consumed tokens and error state (see Matcher)
         self._version = 0  # bumped on every state change: keys the cached is_stopped answer
         self._stopped_at: tuple[int, bool] | None = None
         self._scratch: Any = None
@@ -362,24 +359,12 @@ class XGrammarMatcher(Matcher):
         self._version += 1
         return True
 
-    def consume_many(self, token_ids: Sequence[int]) -> bool:
-        return all(self.consume(t) for t in token_ids)
-
     def rollback(self, n: int) -> None:
-        if n < 0 or n > len(self._history):
-            raise ValueError(f"cannot roll back {n} tokens; {len(self._history)} consumed")
-        real = 0
-        for _ in range(n):
-            if not self._history.pop():
-                real += 1
+        real = self._unwind(n)
         if real:
             # XGrammar's rollback is unlimited (0.2.x: max_rollback_tokens is always -1)
             self._m.rollback(real)
         self._version += 1
-
-    def reset(self) -> None:
-        """Back to the start of the output (clears nothing if in the error state)."""
-        self.rollback(len(self._history))
 
     # -- queries
     def is_accepting(self) -> bool:
@@ -438,15 +423,10 @@ class XGrammarMatcher(Matcher):
     def error(self) -> str | None:
         return self._error
 
-    @property
-    def num_consumed(self) -> int:
-        return len(self._history)
-
     def fork(self) -> XGrammarMatcher:
         """An independent copy of this matcher's state (for ``fork`` / beam branches)."""
         twin = XGrammarMatcher(self._m.fork(), self._engine)
-        twin._history = list(self._history)
-        twin._error = self._error
+        self._copy_history_to(twin)
         return twin
 
 
