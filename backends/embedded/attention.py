@@ -34,8 +34,8 @@ from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 MAX_SHORT = 64  # new tokens of an entry that may join the cascade group
 
 __all__ = [
-    "MAX_SHORT", "AttentionPlan", "CascadeGroup", "DecodePlan", "PrefillItem", "attend_causal", "attend_padded",
-    "attend_sdpa", "attend_shared", "merge_partials", "run_attention",
+    "MAX_SHORT", "AttentionPlan", "CascadeGroup", "DecodePlan", "PrefillItem", "attend_causal",
+    "attend_padded", "attend_sdpa", "attend_shared", "merge_partials", "run_attention",
 ]
 
 
@@ -181,6 +181,7 @@ class AttentionPlan:
         for r, s in zip(rows, slots):
             n = r.stop - r.start
             (single if n == 1 else short if n <= MAX_SHORT else long).append((r, s))
+
         def ctx(e: tuple[slice, torch.Tensor]) -> torch.Tensor:  # + the first new slot
             return e[1][:len(e[1]) - (e[0].stop - e[0].start) + 1]
 

@@ -55,20 +55,16 @@ def _pick_device(device: str) -> str:
 
 
 def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
-    if dtype == "auto":  # the fastest dtype this device computes natively
+    if dtype is None or dtype == "auto":  # "auto": the fastest dtype computed natively
         if device.startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if dtype == "auto" and cpu_has_native_bf16() else torch.float32
     if isinstance(dtype, str):
         try:
             dtype = getattr(torch, dtype)
         except AttributeError:
             raise BackendError(f"unknown dtype {dtype!r}", backend="embedded") from None
-    if dtype is not None:
-        return dtype
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    return dtype
 
 
 def cpu_has_native_bf16() -> bool:
@@ -93,8 +89,9 @@ class EmbeddedBackend(Backend):
     CPU and bfloat16 (float16) on CUDA. ``dtype="auto"`` also picks bfloat16 on a CPU that
     computes it natively (AVX512-BF16 / AMX): faster there (P2), but bf16 logits depend on
     the batch's shape, so greedy outputs may then differ between a sequence decoded alone
-    and in a batch, or with jump-forward on and off; float32 keeps them identical. ``prefix_cache_entries`` / ``prefix_cache_tokens``
-    bound the KV kept for reuse between program steps on the unbatched path.
+    and in a batch, or with jump-forward on and off; float32 keeps them identical.
+    ``prefix_cache_entries`` / ``prefix_cache_tokens`` bound the KV kept for reuse between
+    program steps on the unbatched path.
     ``overlap_mask=False`` computes constraint masks inline (for benchmarking the overlap).
 
     ``batched=True`` (default, Llama-architecture models): requests from every thread,

@@ -14,8 +14,8 @@ Jump-forward: when a sequence's constraint allows exactly one continuation (JSON
 punctuation), its forced tokens are appended at once and computed in the next single
 forward pass instead of one pass each. The engine forces only whole tokens that every
 tokenization shares; the forced text's tail (the last token, held back because it could
-merge with the free text that follows) is *drafted*: its canonical tokens are computed
-in the same pass, with logits at each, and each is kept only if the sampler, looking at
+merge with the free text that follows) is *drafted*: its tokens (as the model split the
+same text before, else canonical) are computed in the same pass, with logits at each, and each is kept only if the sampler, looking at
 those logits under the constraint's mask, picks it -- then the next token comes from the
 same pass too. A rejected draft is dropped with its KV. Sampling stays exactly what
 token-by-token decoding would do (the sampler draws every token; a draft only saves the

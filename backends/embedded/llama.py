@@ -174,12 +174,10 @@ class LlamaModel:
             write.append(s[start:])
             rows.append(slice(t0, t0 + n))
             slots.append(s)
-            if isinstance(x.logits, int):
-                if not 0 <= x.logits <= n:
-                    raise ValueError(f"logits={x.logits} rows asked of an input of {n} new tokens")
-                picked = list(range(t0 + n - x.logits, t0 + n))
-            else:
-                picked = {"last": [t0 + n - 1], "all": list(range(t0, t0 + n)), "none": []}[x.logits]
+            k = {"last": 1, "all": n, "none": 0}.get(x.logits, x.logits)  # type: ignore[call-overload]
+            if not isinstance(k, int) or not 0 <= k <= n:
+                raise ValueError(f"logits={x.logits!r} rows asked of an input of {n} new tokens")
+            picked = list(range(t0 + n - k, t0 + n))  # the last k new tokens
             logit_rows.extend(picked)
             counts.append(len(picked))
         if pos and max(pos) >= self._cos.shape[0]:
