@@ -63,9 +63,12 @@ def note_lines(value: object, path: str = "") -> list[str]:
     if isinstance(value, dict):
         return [line for k, v in value.items()
                 for line in note_lines(v, f"{path} {k}".strip().replace("_", " "))]
+    def text(v: object) -> str:
+        return v if isinstance(v, str) else json.dumps(v)
+
     if isinstance(value, list):
-        return [f"{path}: {', '.join(json.dumps(v) if not isinstance(v, str) else v for v in value)}"]
-    return [f"{path}: {value if isinstance(value, str) else json.dumps(value)}"]
+        return [f"{path}: {', '.join(text(v) for v in value)}"]
+    return [f"{path}: {text(value)}"]
 
 
 def prompt_for(task: str, schema: dict, instance: object) -> str:

@@ -2,6 +2,7 @@
 
     python bench/prefix_sharing.py [--docs 64] [--rounds 1]
         [--competitors outlines,llamacpp,vllm] [--competitor-docs N] [--skip-cache-off]
+        [--dtype auto|float32|bfloat16]
 
 Same program, same 64 documents, same model (SmolLM2-135M on the embedded backend); the
 only difference is the engine's prefix cache. Prints docs/s for each (rounds interleaved),
