@@ -210,19 +210,6 @@ class XGrammarEngine(_Engine):
         return _bit(row, self.eos), times
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (byte-level BPE token spelling)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 class OutlinesEngine(_Engine):
     name = "outlines"
 
@@ -231,7 +218,9 @@ class OutlinesEngine(_Engine):
         import torch
         from outlines_core import Guide, Index, Vocabulary
         from outlines_core.json_schema import build_regex_from_schema
-        decoder = {c: b for b, c in _bytes_to_unicode().items()}
+        from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte map
+
+        decoder = {c: b for b, c in bytes_to_unicode().items()}
         special = set(tok.all_special_ids)
         vocab: dict[bytes, list[int]] = {}
         for token, idx in tok.get_vocab().items():
