@@ -22,7 +22,7 @@ assert torch.cuda.is_available(), "no CUDA device"
 print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__)
 PY
 start=$(date +%s)
-python3 -m pytest -q -p no:cacheprovider tests/test_programs.py tests/test_engine.py 2>&1 | tail -3 | tee /tmp/gpu_tests.txt
+python3 -m pytest -q -p no:cacheprovider tests/lang/test_programs.py tests/embedded/test_engine.py 2>&1 | tail -3 | tee /tmp/gpu_tests.txt
 tests_s=$(( $(date +%s) - start ))
 python3 bench/prefix_sharing.py --docs 64 2>&1 | grep -v -E "it/s|Loading" | tail -6 | tee /tmp/gpu_p1.txt
 echo

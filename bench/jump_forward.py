@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from structgen.backend import GenerateRequest, SamplingParams  # noqa: E402
+from structgen.contract.backend import GenerateRequest, SamplingParams  # noqa: E402
 from structgen.constraints.spec import json_schema_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ instance is accepted and every invalid one rejected (mask only, no post-validati
 structgen also reports coverage (every schema jsonschema accepts yields a constraint,
 exact or looser), how many constraints were looser, and ``invalid_to_user``: invalid
 instances the mask lets through that the final validation
-(:func:`structgen.validation.validate_output`) also accepts -- what a user could receive.
+(:func:`structgen.constraints.validation.validate_output`) also accepts -- what a user could receive.
 
 The last line is ``RESULT passing_rate=... coverage=... looser=... mask_only_passing=...
 llguidance_passing=... invalid_to_user=... mask_p99_ratio=... compile_p50_ratio=...
@@ -75,7 +75,7 @@ class StructgenEngine(_Engine):
         from structgen.constraints.bitmask import allocate_token_bitmask
         from structgen.constraints.compiler import CompileCache, compiler_for
         from structgen.constraints.spec import json_schema_spec
-        from structgen.validation import validate_output
+        from structgen.constraints.validation import validate_output
 
         self.compiler = compiler_for(tok, cache=CompileCache(maxsize=64))
         self.spec_of = json_schema_spec
@@ -463,10 +463,10 @@ def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> 
     output then pass the final validation? What the user sees when it does not."""
     from structgen.backends.embedded import EmbeddedBackend
 
-    from structgen.backend import GenerateRequest, SamplingParams
+    from structgen.contract.backend import GenerateRequest, SamplingParams
     from structgen.constraints.spec import json_schema_spec
     from structgen.errors import OutputValidationError, StructgenError
-    from structgen.validation import validate_output
+    from structgen.constraints.validation import validate_output
 
     backend = EmbeddedBackend()
     ok = bad = cut = failed = 0

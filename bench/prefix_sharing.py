@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pydantic import BaseModel  # noqa: E402
 
 import structgen as sg  # noqa: E402
-from structgen.tracer import trace_first_prompt  # noqa: E402
+from structgen.lang.tracer import trace_first_prompt  # noqa: E402
 
 NAMES = ["Ada", "Bruno", "Chloe", "Dario", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Keiko",
          "Liam", "Maya", "Nils", "Olga", "Pavel", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera"]

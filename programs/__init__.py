@@ -1,1 +1,1 @@
-"""Example structgen programs. Each is tested on the embedded model (tests/test_programs.py)."""
+"""Example structgen programs. Each is tested on the embedded model (tests/lang/test_programs.py)."""

@@ -9,7 +9,7 @@ template through ``system``/``user``/``assistant``; ``fork`` and ``join``; ``run
 Importing structgen imports no torch, transformers or engine: backends load lazily.
 """
 
-from structgen.api import (
+from structgen.lang.api import (
     assistant,
     assistant_begin,
     assistant_end,
@@ -26,8 +26,8 @@ from structgen.api import (
     user_end,
     video,
 )
-from structgen.backend import Backend, Capabilities, SamplingParams
-from structgen.choices import (
+from structgen.contract.backend import Backend, Capabilities, SamplingParams
+from structgen.lang.choices import (
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
@@ -41,14 +41,14 @@ from structgen.errors import (
     ProgramError,
     StructgenError,
 )
-from structgen.program import Program, function, program
-from structgen.registry import (
+from structgen.lang.program import Program, function, program
+from structgen.contract.registry import (
     available_backends,
     get_backend,
     get_default_backend,
     set_default_backend,
 )
-from structgen.state import ForkGroup, ProgramState
+from structgen.lang.state import ForkGroup, ProgramState
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ __all__ = ["EmbeddedBackend"]
 
 def __getattr__(name: str) -> Any:  # keep torch out of `import structgen.backends.embedded`
     if name == "EmbeddedBackend":
-        from structgen.backends.embedded.backend import EmbeddedBackend
+        from structgen.backends.embedded.adapter import EmbeddedBackend
 
         return EmbeddedBackend
     raise AttributeError(name)

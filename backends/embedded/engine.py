@@ -41,7 +41,7 @@ from structgen.backends.embedded.sequence import GenSequence
 
 from structgen.errors import BackendError, StructgenError
 from structgen.runtime import BlockPool, RadixCache, Scheduler, SchedulerConfig
-from structgen.runtime import Sequence as RtSequence
+from structgen.runtime import SeqState
 
 __all__ = ["Engine", "EngineConfig"]
 
@@ -71,7 +71,7 @@ class _Job:
 
     __slots__ = ("done", "draft", "error", "gen", "rt", "spans", "warm")
 
-    def __init__(self, gen: GenSequence | None, rt: RtSequence, warm: bool = False):
+    def __init__(self, gen: GenSequence | None, rt: SeqState, warm: bool = False):
         self.gen = gen
         self.rt = rt
         self.done = threading.Event()
@@ -121,7 +121,7 @@ class Engine:
         its KV counters: cached_tokens, computed_tokens, forced_tokens)``."""
         jobs = []
         for gen in seqs:
-            rt = RtSequence(next(self._ids), list(gen.prompt_ids), max_new_tokens=gen.params.max_new_tokens,
+            rt = SeqState(next(self._ids), list(gen.prompt_ids), max_new_tokens=gen.params.max_new_tokens,
                             payload=gen)
             jobs.append(_Job(gen, rt))
         for job in jobs:
@@ -140,7 +140,7 @@ class Engine:
         """Compute and cache ``token_ids`` (a shared prefix) without sampling."""
         if len(token_ids) < 2 or self.cache.disabled:
             return
-        job = _Job(None, RtSequence(next(self._ids), list(token_ids), max_new_tokens=1), warm=True)
+        job = _Job(None, SeqState(next(self._ids), list(token_ids), max_new_tokens=1), warm=True)
         self._submit([job])
         job.done.wait()
         if job.error is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from structgen.backend import SamplingParams
+from structgen.contract.backend import SamplingParams
 
 __all__ = ["Sampler", "TokenMask", "token_mask"]
 

@@ -21,7 +21,7 @@ import torch
 from structgen.backends.embedded.sampler import Sampler, TokenMask, token_mask
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
 
-from structgen.backend import GenerateRequest, GenerateResult
+from structgen.contract.backend import GenerateRequest, GenerateResult
 from structgen.constraints.bitmask import allocate_token_bitmask
 from structgen.errors import BackendError, ConstraintError
 

@@ -26,7 +26,7 @@ from structgen.backends.llamacpp.gbnf import (
 )
 from structgen.backends.openai.adapter import OpenAICompatBackend
 
-from structgen.backend import Capabilities, GenerateRequest, GenerateResult
+from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,

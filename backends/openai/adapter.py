@@ -17,9 +17,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 
-from structgen.backend import (
+from structgen.contract.backend import (
     Capabilities,
     GenerateRequest,
     GenerateResult,

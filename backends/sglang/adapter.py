@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 
-from structgen.backend import (
+from structgen.contract.backend import (
     Capabilities,
     GenerateRequest,
     GenerateResult,

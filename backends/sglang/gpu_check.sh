@@ -27,4 +27,4 @@ for _ in $(seq 1 180); do
   kill -0 $SERVER 2>/dev/null || { echo "server exited:"; tail -40 /tmp/sglang-gpu-check.log; exit 1; }
   sleep 2
 done
-STRUCTGEN_SGLANG_URL="http://127.0.0.1:$PORT" python3 -m pytest -q tests/test_backend_sglang.py -m server -rA
+STRUCTGEN_SGLANG_URL="http://127.0.0.1:$PORT" python3 -m pytest -q tests/backends/test_sglang.py -m server -rA

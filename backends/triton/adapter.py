@@ -26,10 +26,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.backends._server import Call, Flow, ServerBackend, finish_reason, require
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 from structgen.backends.sglang.adapter import choice_regex
 
-from structgen.backend import Capabilities, GenerateRequest, GenerateResult
+from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,

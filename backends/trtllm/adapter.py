@@ -29,7 +29,7 @@ from typing import Any
 from structgen.backends.openai.adapter import OpenAICompatBackend
 from structgen.backends.sglang.adapter import choice_regex
 
-from structgen.backend import Capabilities
+from structgen.contract.backend import Capabilities
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,

@@ -28,4 +28,4 @@ for _ in $(seq 1 300); do
   sleep 2
 done
 STRUCTGEN_TRTLLM_URL="http://127.0.0.1:$PORT" STRUCTGEN_TRTLLM_GUIDED=llguidance \
-  python3 -m pytest -q tests/test_backend_trtllm.py -m server -rA
+  python3 -m pytest -q tests/backends/test_trtllm.py -m server -rA

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.backends._server import Call, Flow, require
+from structgen.contract.server import Call, Flow, require
 from structgen.backends.openai.adapter import OpenAICompatBackend
 
-from structgen.backend import (
+from structgen.contract.backend import (
     Capabilities,
     GenerateRequest,
     GenerateResult,

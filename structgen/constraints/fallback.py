@@ -23,7 +23,7 @@ ladder goes on.
 
 Every rung after the first is marked ``exact=False``: the compiled constraint then only
 guarantees well-formed JSON of roughly the right shape, and
-:func:`structgen.validation.validate_output` (jsonschema, formats checked) is what keeps
+:func:`structgen.constraints.validation.validate_output` (jsonschema, formats checked) is what keeps
 an invalid value from reaching the user -- it raises
 :class:`~structgen.errors.OutputValidationError` with the raw text and each error.
 

@@ -28,7 +28,7 @@ A JSON schema is meta-checked, normalised and compiled through the fallback ladd
 :func:`structgen.constraints.fallback.schema_grammar`: keywords llguidance cannot enforce
 (``uniqueItems``, unknown ``format`` s, lookaround ``pattern`` s) give a looser grammar
 with ``exact = False`` and the reasons in ``warnings``; final validation
-(:mod:`structgen.validation`) then guards the result.
+(:mod:`structgen.constraints.validation`) then guards the result.
 
 Error contract: ``compile`` raises :class:`ConstraintError` for malformed specs. A matcher
 never raises on a bad token: :meth:`LLGuidanceMatcher.consume` returns ``False`` and the

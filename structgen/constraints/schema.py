@@ -1,7 +1,7 @@
 """JSON schemas: meta-schema checking and offline validators (jsonschema, no retrieval).
 
 Used by the compiler (a malformed schema fails before any token) and by
-:func:`structgen.validation.validate_output`. Remote ``$ref`` s are never fetched: the
+:func:`structgen.constraints.validation.validate_output`. Remote ``$ref`` s are never fetched: the
 ``referencing`` registry has no retriever, so an unknown URI is an error, not a request.
 
 :func:`prepare_schema` is the single step every schema goes through before an engine

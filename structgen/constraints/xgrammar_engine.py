@@ -6,7 +6,7 @@ to compile the same normalised schema (:func:`compile_schema`) before the llguid
 that ignore or drop keywords (``lenient`` .. ``any``): XGrammar enforces much of what those
 drop, so its grammar is usually tighter. It is known to accept some invalid instances
 (MaskBench: 1,368), so an XGrammar constraint is always ``exact=False`` and the final
-validation (:mod:`structgen.validation`) guards the output.
+validation (:mod:`structgen.constraints.validation`) guards the output.
 
 XGrammar is optional (``pip install 'structgen[xgrammar]'``; it imports torch and
 transformers). It is imported lazily, only when the rung is reached; when it is missing or

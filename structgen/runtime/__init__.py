@@ -2,7 +2,7 @@
 
 * :class:`BlockPool` -- fixed pool of KV block ids with ref counts (the KV budget).
 * :class:`RadixCache` -- radix tree of cached token prefixes owning KV blocks.
-* :class:`Sequence` -- one request's tokens, status, KV blocks and counters.
+* :class:`SeqState` -- one request's tokens, status, KV blocks and counters.
 * :class:`Scheduler` -- cache-aware continuous batching with eviction and preemption;
   it returns a :class:`Batch` per forward pass and keeps :class:`SchedulerStats`.
 
@@ -20,7 +20,7 @@ from structgen.runtime.radix_cache import (
     RadixNode,
 )
 from structgen.runtime.scheduler import Scheduler, SchedulerConfig
-from structgen.runtime.sequence import Sequence, SequenceStatus
+from structgen.runtime.seq_state import SeqState, SequenceStatus
 from structgen.runtime.stats import SchedulerStats
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",
-    "Sequence",
+    "SeqState",
     "SequenceStatus",
     "blocks_for_tokens",
 ]

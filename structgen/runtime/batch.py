@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from structgen.runtime.sequence import Sequence
+from structgen.runtime.seq_state import SeqState
 
 __all__ = ["Batch", "BatchEntry"]
 
@@ -14,7 +14,7 @@ __all__ = ["Batch", "BatchEntry"]
 class BatchEntry:
     """Compute KV for ``seq.token_ids[start:end]`` and sample the token after ``end``."""
 
-    seq: Sequence
+    seq: SeqState
     start: int
     end: int
 
@@ -31,12 +31,12 @@ class Batch:
     kind: Literal["prefill", "decode", "idle"]
     entries: tuple[BatchEntry, ...] = ()
     #: sequences that failed in this call (``seq.error`` set, status FINISHED)
-    failed: tuple[Sequence, ...] = ()
+    failed: tuple[SeqState, ...] = ()
     #: running sequences sent back to waiting in this call
-    preempted: tuple[Sequence, ...] = field(default=())
+    preempted: tuple[SeqState, ...] = field(default=())
 
     @property
-    def seqs(self) -> list[Sequence]:
+    def seqs(self) -> list[SeqState]:
         """The sequences in this batch, in entry order."""
         return [e.seq for e in self.entries]
 

@@ -34,7 +34,7 @@ from structgen.runtime.batch import Batch, BatchEntry
 from structgen.runtime.block_pool import BlockPool
 from structgen.runtime.errors import KVCacheError, KVCapacityError
 from structgen.runtime.radix_cache import RadixCache
-from structgen.runtime.sequence import Sequence, SequenceStatus
+from structgen.runtime.seq_state import SeqState, SequenceStatus
 from structgen.runtime.stats import SchedulerStats
 
 __all__ = ["Scheduler", "SchedulerConfig"]
@@ -88,10 +88,10 @@ class Scheduler:
                              f"{pool.page_size}")
         self.config = config or SchedulerConfig()
         self.stats = SchedulerStats()
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[SeqState] = deque()
+        self.running: list[SeqState] = []
         self._arrivals = 0
-        self._just_prefilled: list[Sequence] = []
+        self._just_prefilled: list[SeqState] = []
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -100,7 +100,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- public state changes ----------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SeqState) -> None:
         """Queue a WAITING sequence. Raises :class:`KVCapacityError` if it can never fit."""
         if seq.status is not SequenceStatus.WAITING or seq.arrival >= 0:
             raise KVCacheError(f"sequence {seq.seq_id!r} was already added")
@@ -113,7 +113,7 @@ class Scheduler:
         self.stats.prompt_tokens += seq.num_prompt_tokens
         self.waiting.append(seq)
 
-    def append(self, seq: Sequence, token_id: int, *, forced: bool = False) -> None:
+    def append(self, seq: SeqState, token_id: int, *, forced: bool = False) -> None:
         """Append an output token to a running sequence (counted if ``forced``)."""
         if seq.status is not SequenceStatus.RUNNING:
             raise KVCacheError(f"append to sequence {seq.seq_id!r} in status {seq.status.name}")
@@ -121,7 +121,7 @@ class Scheduler:
         if forced:
             self.stats.forced_tokens += 1
 
-    def truncate(self, seq: Sequence, n: int) -> None:
+    def truncate(self, seq: SeqState, n: int) -> None:
         """Drop the last ``n`` output tokens (rejected speculative tokens). KV already
         computed for them is released: whole pages past the new length go back to the
         pool. Only the sequence's own pages can be dropped, never the tree's."""
@@ -141,7 +141,7 @@ class Scheduler:
             seq.kv_len = new_len
         del seq.output_token_ids[len(seq.output_token_ids) - n:]
 
-    def finish(self, seq: Sequence, reason: str = "stop") -> None:
+    def finish(self, seq: SeqState, reason: str = "stop") -> None:
         """Finish (or abort) a sequence: cache its tokens, release its KV and lock."""
         if seq.status is SequenceStatus.FINISHED:
             raise KVCacheError(f"sequence {seq.seq_id!r} is already finished")
@@ -153,12 +153,12 @@ class Scheduler:
     def schedule(self) -> Batch:
         """Choose the next forward pass: prefill if a waiting sequence fits, else decode."""
         self._cache_prefilled()
-        failed: list[Sequence] = []
+        failed: list[SeqState] = []
         entries = self._schedule_prefill(failed)
         if entries:
             self.stats.prefill_steps += 1
             return Batch("prefill", tuple(entries), tuple(failed))
-        preempted: list[Sequence] = []
+        preempted: list[SeqState] = []
         entries = self._schedule_decode(failed, preempted)
         if entries:
             self.stats.decode_steps += 1
@@ -166,7 +166,7 @@ class Scheduler:
         return Batch("idle", (), tuple(failed), tuple(preempted))
 
     # -- prefill ----------------------------------------------------------------------------
-    def _prefill_order(self) -> list[Sequence]:
+    def _prefill_order(self) -> list[SeqState]:
         """Starving sequences first (FCFS), then longest cached prefix, ties by arrival."""
         limit = self.config.starvation_limit
         starving = sorted((s for s in self.waiting if s.times_skipped >= limit),
@@ -179,7 +179,7 @@ class Scheduler:
             rest.sort(key=lambda s: s.arrival)
         return starving + rest
 
-    def _schedule_prefill(self, failed: list[Sequence]) -> list[BatchEntry]:
+    def _schedule_prefill(self, failed: list[SeqState]) -> list[BatchEntry]:
         cfg = self.config
         if not self.waiting or len(self.running) >= cfg.max_running_seqs:
             return []
@@ -211,7 +211,7 @@ class Scheduler:
                 seq.times_skipped += 1
         return entries
 
-    def _admit(self, seq: Sequence) -> bool:
+    def _admit(self, seq: SeqState) -> bool:
         """Reuse the cached prefix and allocate the rest; False (nothing held) if it won't fit."""
         prefix = seq.token_ids[:-1]
         match = self.cache.match_prefix(prefix, record=False)
@@ -246,7 +246,7 @@ class Scheduler:
                     self._cache_running(seq)
         self._just_prefilled.clear()
 
-    def _cache_running(self, seq: Sequence) -> None:
+    def _cache_running(self, seq: SeqState) -> None:
         """Hand a running sequence's full KV pages to the tree and lock them for it."""
         n = seq.kv_len // self.pool.page_size
         res = self.cache.insert(seq.token_ids[:n * self.pool.page_size], seq.blocks[:n])
@@ -258,8 +258,8 @@ class Scheduler:
         seq.node, seq.num_tree_blocks = res.node, n
 
     # -- decode -----------------------------------------------------------------------------
-    def _schedule_decode(self, failed: list[Sequence],
-                         preempted: list[Sequence]) -> list[BatchEntry]:
+    def _schedule_decode(self, failed: list[SeqState],
+                         preempted: list[SeqState]) -> list[BatchEntry]:
         entries: list[BatchEntry] = []
         queue = deque(s for s in self.running if s.num_tokens > s.kv_len)
         while queue:
@@ -284,7 +284,7 @@ class Scheduler:
                 seq.kv_len = seq.num_tokens
         return entries
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SeqState) -> None:
         """Send a running sequence back to the front of the queue; its KV goes to the cache."""
         self._retire(seq)
         seq.status = SequenceStatus.WAITING
@@ -302,7 +302,7 @@ class Scheduler:
             self.stats.evicted_tokens += len(freed) * self.pool.page_size
         return self.pool.num_free >= need
 
-    def _retire(self, seq: Sequence) -> None:
+    def _retire(self, seq: SeqState) -> None:
         """Take ``seq`` off its queue; cache its full KV pages, free the rest, drop its lock."""
         if seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
@@ -316,7 +316,7 @@ class Scheduler:
             self.cache.unlock(seq.node)
         seq.node, seq.blocks, seq.num_tree_blocks, seq.kv_len = None, [], 0, 0
 
-    def _fail(self, seq: Sequence, needed: int, failed: list[Sequence]) -> None:
+    def _fail(self, seq: SeqState, needed: int, failed: list[SeqState]) -> None:
         self._retire(seq)
         seq.error = KVCapacityError(seq.seq_id, needed_tokens=needed,
                                     capacity_tokens=self.pool.capacity_tokens)

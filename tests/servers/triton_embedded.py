@@ -38,7 +38,7 @@ def main() -> None:
     from pytriton.triton import Triton, TritonConfig
     from structgen.backends.embedded import EmbeddedBackend
 
-    from structgen.backend import GenerateRequest, GenerateResult, SamplingParams
+    from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
     from structgen.constraints.spec import RegexSpec, json_schema_spec
 
     backend = EmbeddedBackend(args.model) if args.model else EmbeddedBackend()

@@ -1,0 +1,190 @@
+"""The DSL's functions, with SGLang's names and signatures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from structgen.lang.choices import ChoicesSamplingMethod, method_by_name
+from structgen.constraints.spec import (
+    ConstraintSpec,
+    dtype_spec,
+    json_schema_spec,
+    regex_spec,
+)
+from structgen.errors import ConstraintError, ProgramError
+from structgen.lang.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_node
+
+__all__ = [
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "image",
+    "select",
+    "system",
+    "system_begin",
+    "system_end",
+    "user",
+    "user_begin",
+    "user_end",
+    "video",
+]
+
+
+#: SamplingParams field for each of gen()'s sampling arguments, in signature order.
+_PARAM_NAMES = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex",
+                "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                "return_text_in_logprobs")
+
+
+def _tuple(value: str | Sequence[Any] | None) -> tuple[Any, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: Sequence[str] | None = None,
+    choices_method: ChoicesSamplingMethod | str | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+    *,
+    whitespace: str = "compact",
+    retries: int = 0,
+) -> Expr:
+    """Generate into variable ``name``.
+
+    Constraints (at most one): ``regex``, ``json_schema`` (a JSON string, a dict, or a
+    pydantic model class -- the typed value is then a model instance), ``dtype``
+    (int/float/str/bool), or ``choices`` (which makes this a :func:`select`).
+    ``whitespace``: ``"compact"`` JSON (default) or ``"flexible"``. ``retries``: how many
+    times to re-sample when the output fails validation (e.g. cut short by max_tokens).
+    Malformed constraints raise :class:`ConstraintError` here, before anything runs.
+    """
+    if choices is not None:
+        return select(name, list(choices), temperature=temperature or 0.0, choices_method=choices_method)
+    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype)) if v is not None]
+    if len(given) > 1:
+        raise ConstraintError(f"gen({name!r}) takes one constraint, got {given}")
+    constraint: ConstraintSpec | None = None
+    if regex is not None:
+        constraint = regex_spec(regex)
+    elif json_schema is not None:
+        constraint = json_schema_spec(json_schema, whitespace=whitespace)  # type: ignore[arg-type]
+    elif dtype is not None:
+        constraint = dtype_spec(dtype)
+    if not isinstance(retries, int) or retries < 0:
+        raise ProgramError(f"retries must be a non-negative int, not {retries!r}")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ProgramError(f"max_tokens must be a positive int, not {max_tokens!r}")
+    values = (max_tokens, min_tokens, n, _tuple(stop) or None, _tuple(stop_token_ids) or None,
+              _tuple(stop_regex) or None, temperature, top_p, top_k, min_p, frequency_penalty,
+              presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
+              return_text_in_logprobs)
+    set_params = tuple((k, v) for k, v in zip(_PARAM_NAMES, values) if v is not None)
+    return Gen(name=name, params=set_params, constraint=constraint, dtype=dtype, retries=retries)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    """``gen(name, dtype=int, ...)``."""
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    """``gen(name, dtype=str, ...)``."""
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(name: str | None = None, choices: Sequence[str] | None = None, temperature: float = 0.0,
+           choices_method: ChoicesSamplingMethod | str | None = None) -> Expr:
+    """Choose one of ``choices`` by log-probability scoring into variable ``name``.
+
+    ``choices_method``: ``token_length_normalized`` (default), ``greedy_token_selection``
+    or ``unconditional_likelihood_normalized`` (objects or names).
+    """
+    if not choices:
+        raise ProgramError(f"select({name!r}) needs a non-empty list of choices")
+    opts = tuple(choices)
+    if not all(isinstance(c, str) for c in opts):
+        raise ProgramError(f"select({name!r}) choices must be strings")
+    if len(set(opts)) != len(opts):
+        raise ProgramError(f"select({name!r}) has duplicate choices")
+    if choices_method is not None:
+        method_by_name(choices_method)  # validate now
+    return Select(name=name, choices=opts, temperature=float(temperature or 0.0), method=choices_method)
+
+
+def _role(role: str, expr: Any = None) -> Expr:
+    if expr is None:
+        return Concat((RoleBegin(role), RoleEnd(role)))
+    return Concat((RoleBegin(role), as_node(expr), RoleEnd(role)))
+
+
+def system(expr: Any = None) -> Expr:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> Expr:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> Expr:
+    return _role("assistant", expr)
+
+
+def system_begin() -> Expr:
+    return RoleBegin("system")
+
+
+def system_end() -> Expr:
+    return RoleEnd("system")
+
+
+def user_begin() -> Expr:
+    return RoleBegin("user")
+
+
+def user_end() -> Expr:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> Expr:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> Expr:
+    return RoleEnd("assistant")
+
+
+def image(*_: Any, **__: Any) -> Expr:
+    raise ProgramError("image inputs are not supported by structgen's backends yet")
+
+
+def video(*_: Any, **__: Any) -> Expr:
+    raise ProgramError("video inputs are not supported by structgen's backends yet")
+

@@ -1,0 +1,290 @@
+"""What a program sees as ``s``: :class:`ProgramState`, :class:`ForkGroup` and streaming.
+
+Appending (``s += ...``) only queues nodes; generation runs when a value is needed
+(``s["x"]``, ``s.text()``, a fork, a join) or when the program returns. Deferring lets
+a fork's children be sent to the backend as one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from structgen.errors import ProgramError, StructgenError
+from structgen.lang.interpreter import Interpreter
+from structgen.lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, as_node
+from structgen.lang.run import Run
+
+__all__ = ["ForkGroup", "ProgramState"]
+
+
+class _Stream:
+    """Text events of a streaming run, readable while the program runs."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None]] = []
+        self.cond = threading.Condition()
+        self.done = False
+
+    def emit(self, delta: str, var: str | None) -> None:
+        with self.cond:
+            self.events.append((delta, var))
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
+
+    def iter(self, var: str | None) -> Iterator[str]:
+        i = 0
+        while True:
+            with self.cond:
+                while i >= len(self.events) and not self.done:
+                    self.cond.wait()
+                if i >= len(self.events):
+                    return
+                batch = self.events[i:]
+                i = len(self.events)
+            for delta, v in batch:
+                if var is None or v == var:
+                    yield delta
+
+
+class ProgramState:
+    """The state of one running program (or one fork of it)."""
+
+    def __init__(self, run: Run, interp: Interpreter, *, peers: Sequence[Interpreter] | None = None,
+                 stream: _Stream | None = None):
+        self._run = run
+        self._interp = interp
+        self._peers = peers  # a fork group's interpreters, driven together
+        self._stream = stream
+        self._thread: threading.Thread | None = None  # a streaming run's program thread
+
+    # -- appending ---------------------------------------------------------------------------
+    def __iadd__(self, other: Any) -> ProgramState:
+        self._interp.submit(as_node(other))
+        return self
+
+    def submit(self, other: Any) -> None:
+        self._interp.submit(as_node(other))
+
+    # -- synchronisation -----------------------------------------------------------------------
+    def sync(self) -> ProgramState:
+        """Run everything appended so far."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()  # a streaming run: wait for its program thread
+            return self
+        self._run.drive(self._peers or [self._interp])
+        return self
+
+    def error(self) -> StructgenError | None:
+        """The error this run failed with, or ``None``."""
+        self.sync()
+        return self._interp.error
+
+    def _raise_if_failed(self) -> None:
+        if self._interp.error is not None:
+            raise self._interp.error
+
+    # -- variables -------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        self.sync()
+        if name in self._interp.variables:
+            return self._interp.variables[name]
+        self._raise_if_failed()
+        raise ProgramError(f"no variable {name!r} (defined: {sorted(self._interp.variables)})",
+                           program=self._run.program)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.sync()
+        self._interp.variables[name] = value
+        self._interp.values[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self._interp.variables
+
+    def get_var(self, name: str) -> Any:
+        return self[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        self[name] = value
+
+    def value(self, name: str) -> Any:
+        """The validated, typed value of a variable: a pydantic model instance for
+        ``json_schema=Model``, the parsed dict/list for a JSON schema, ``int``/``float``/
+        ``bool`` for ``dtype=``, the chosen string for ``select``, else the text."""
+        self.sync()
+        if name in self._interp.values:
+            return self._interp.values[name]
+        self[name]  # raises the right error
+        return self._interp.variables[name]
+
+    def values(self) -> dict[str, Any]:
+        """Every variable's typed value (see :meth:`value`)."""
+        self.sync()
+        return dict(self._interp.values)
+
+    def get_meta_info(self, name: str) -> dict[str, Any] | None:
+        self.sync()
+        return self._interp.meta.get(name)
+
+    def text(self) -> str:
+        self.sync()
+        return self._interp.text
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return [dict(m) for m in self._interp.messages]
+
+    # -- roles and scopes -------------------------------------------------------------------------
+    def _role(self, role: str, expr: Any) -> Any:
+        if expr is not None:
+            self += [RoleBegin(role), as_node(expr), RoleEnd(role)]
+            return None
+
+        @contextmanager
+        def scope() -> Iterator[None]:
+            self._interp.submit(RoleBegin(role))
+            yield
+            self._interp.submit(RoleEnd(role))
+
+        return scope()
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """Capture the text appended inside the block into variable ``name``."""
+        self._interp.submit(VarScopeBegin(name))
+        yield
+        self._interp.submit(VarScopeEnd(name))
+
+    # -- forks -----------------------------------------------------------------------------------
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ForkGroup:
+        if not isinstance(size, int) or size < 1:
+            raise ProgramError(f"fork size must be a positive int, not {size!r}", program=self._run.program)
+        self.sync()
+        self._raise_if_failed()
+        backend = self._run.backend
+        if size > 1 and backend.capabilities.prefix_cache and self._interp.text:
+            try:  # the parent's text is computed once; the children then share its KV
+                backend.warm(self._interp.text)
+            except StructgenError:
+                pass  # an optimisation only: the children still run (and report) on their own
+        group = self._run.fork_group_id()
+        # children do not stream into the parent's stream
+        children = [self._interp.fork(f"{group}/{i}") for i in range(size)]
+        states = [ProgramState(self._run, c, peers=children) for c in children]
+        return ForkGroup(self, states, base_vars=set(self._interp.variables), base_len=len(self._interp.text))
+
+    # -- streaming --------------------------------------------------------------------------------
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Yield text as it is produced (a variable's only, if ``var_name`` is given)."""
+        if self._stream is None:
+            self.sync()
+            self._raise_if_failed()
+            yield self._interp.variables.get(var_name, "") if var_name else self._interp.text
+            return
+        yield from self._stream.iter(var_name)
+        if self._thread is not None:
+            self._thread.join()
+        self._raise_if_failed()
+
+    async def text_async_iter(self, var_name: str | None = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """Async twin of :meth:`text_iter`; with ``return_meta_data`` yields ``(chunk, meta)``."""
+        loop = asyncio.get_running_loop()
+        it = self.text_iter(var_name)
+        done = object()
+        while True:
+            chunk = await loop.run_in_executor(None, next, it, done)
+            if chunk is done:
+                return
+            if return_meta_data:
+                yield chunk, dict(self._interp.meta.get(var_name, {})) if var_name else {}
+            else:
+                yield chunk
+
+    def __repr__(self) -> str:
+        return f"ProgramState(text={self._interp.text[-60:]!r}, vars={sorted(self._interp.variables)})"
+
+
+class ForkGroup:
+    """The children of ``s.fork(n)``: append to all, index one, join back."""
+
+    def __init__(self, parent: ProgramState, states: list[ProgramState], *, base_vars: set[str],
+                 base_len: int):
+        self._parent = parent
+        self._states = states
+        self._base_vars = base_vars
+        self._base_len = base_len
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self._states[i]
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self._states)
+
+    def __iadd__(self, other: Any) -> ForkGroup:
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self._states):
+                raise ProgramError(f"{len(other)} items appended to {len(self._states)} forks")
+            for s, o in zip(self._states, other):
+                s += o
+        elif callable(other) and not isinstance(other, Expr):
+            for i, s in enumerate(self._states):
+                s += other(i)
+        else:
+            for s in self._states:
+                s += other
+        return self
+
+    def sync(self) -> ForkGroup:
+        self._parent._run.drive([s._interp for s in self._states])
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Bring the children back into the parent.
+
+        ``gather_variable`` (default): each variable the children defined becomes, in the
+        parent, the list of the children's values. ``concate_and_append``: the text each
+        child added is appended to the parent, in order (parallel encoding).
+        """
+        self.sync()
+        parent = self._parent._interp
+        for s in self._states:
+            if s._interp.error is not None:
+                parent.fail(s._interp.error)
+                raise s._interp.error
+        if mode == "gather_variable":
+            names: list[str] = []
+            for s in self._states:
+                for name in s._interp.variables:
+                    if name not in self._base_vars and name not in names:
+                        names.append(name)
+            for name in names:
+                parent.variables[name] = [s._interp.variables.get(name) for s in self._states]
+                parent.values[name] = [s._interp.values.get(name) for s in self._states]
+                parent.meta[name] = {"forks": [s._interp.meta.get(name) for s in self._states]}
+        elif mode == "concate_and_append":
+            self._parent += "".join(s._interp.text[self._base_len:] for s in self._states)
+        else:
+            raise ProgramError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
+
