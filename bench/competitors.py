@@ -213,7 +213,7 @@ def run_competitors(names: list[str], prompts: list[str], schema: dict, max_toke
                 res = run_vllm(sub, schema, max_tokens, model_dir, log_dir, timeout)
             else:
                 raise RuntimeError(f"unknown competitor {name!r} (known: {', '.join(NAMES)})")
-        except Exception as exc:  # noqa: BLE001 -- reported, figure stays nan
+        except Exception as exc:
             res = Result(name, docs=n, error=f"{type(exc).__name__}: {exc}")
         out[name] = res
         if res.outputs:  # every raw output, for checking the invalid ones

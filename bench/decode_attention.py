@@ -21,9 +21,10 @@ import statistics
 import time
 
 import torch
+from transformers import DynamicCache
+
 from structgen.backends.embedded.llama import LlamaModel, SeqInput
 from structgen.backends.embedded.loader import load_model
-from transformers import DynamicCache
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from structgen.contract.backend import GenerateRequest, SamplingParams  # noqa: E402
-from structgen.constraints.spec import json_schema_spec  # noqa: E402
+from structgen.constraints.spec import json_schema_spec
+from structgen.contract.backend import GenerateRequest, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def pick_schemas(directory: Path, n: int, backend) -> list[tuple[dict, object]]:
         try:
             if not backend.compile(json_schema_spec(schema)).exact:
                 continue
-        except Exception:  # noqa: BLE001 -- not usable for this benchmark
+        except Exception:
             continue
         out.append((schema, valid[0]))
         if len(out) == n:

@@ -51,7 +51,6 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from structgen.backends.embedded.loader import load_tokenizer
-
     from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids, apply_token_bitmask_inplace
     from structgen.constraints.compiler import CompileCache, compiler_for
     from structgen.constraints.spec import json_schema_spec

@@ -252,7 +252,7 @@ class OutlinesEngine(_Engine):
                 return False, times
             try:
                 g.advance(t, False)
-            except Exception:  # noqa: BLE001 - a rejected token
+            except Exception:
                 return False, times
         t0 = time.perf_counter_ns()
         g.write_mask_into(ptr, numel, 4)
@@ -277,7 +277,7 @@ def run_file(engine: _Engine, path: str) -> dict:
     try:
         handle = engine.compile(schema)
         res["compile_ns"] = time.perf_counter_ns() - t0
-    except Exception as exc:  # noqa: BLE001 - any engine failure is a compile error
+    except Exception as exc:
         handle = None
         res["compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     finally:
@@ -319,7 +319,7 @@ def worker(engine_name: str) -> None:
             continue
         try:
             res = run_file(engine, path)
-        except Exception as exc:  # noqa: BLE001 - reported, the worker lives on
+        except Exception as exc:
             res = {"file": os.path.basename(path), "crash": f"{type(exc).__name__}: {exc}"[:300]}
         out.write(json.dumps(res) + "\n")
         out.flush()
@@ -397,7 +397,7 @@ def pct(values: list[float], p: float) -> float:
 def source_of(name: str) -> str:
     """The data source a file name starts with (``Github_easy---o1.json``, ``BFCL_java_3.json``)."""
     if "---" in name:
-        return name.split("---")[0]
+        return name.split("---", maxsplit=1)[0]
     return re.sub(r"_\d+\.json$", "", name)
 
 
@@ -462,11 +462,10 @@ def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> 
     """The embedded model (greedy) under each looser constraint: how often does its
     output then pass the final validation? What the user sees when it does not."""
     from structgen.backends.embedded import EmbeddedBackend
-
-    from structgen.contract.backend import GenerateRequest, SamplingParams
     from structgen.constraints.spec import json_schema_spec
-    from structgen.errors import OutputValidationError, StructgenError
     from structgen.constraints.validation import validate_output
+    from structgen.contract.backend import GenerateRequest, SamplingParams
+    from structgen.errors import OutputValidationError, StructgenError
 
     backend = EmbeddedBackend()
     ok = bad = cut = failed = 0

@@ -34,8 +34,8 @@ _LONG_SCHEMA = {"type": "object", "required": ["story"],
 def gen_overhead_us(*, gens: int = 50, reps: int = 100, rounds: int = 7, verbose: bool = False) -> float:
     """Microseconds the interpreter adds per ``gen`` (scripted backend, no model)."""
     import structgen as sg
-    from structgen.contract.backend import GenerateResult
     from structgen.backends.fake import FakeBackend
+    from structgen.contract.backend import GenerateResult
 
     result = GenerateResult("x")
 
@@ -91,8 +91,8 @@ def constrained_ratio(backend: Any = None, *, tokens: int = 24, rounds: int = 4,
     processes only ever adds time, so the minimum is the least noisy estimate of each
     cost (the verbose line also shows the ratio of medians).
     """
-    from structgen.contract.backend import GenerateRequest, SamplingParams
     from structgen.constraints.spec import json_schema_spec
+    from structgen.contract.backend import GenerateRequest, SamplingParams
 
     if backend is None:
         from structgen.backends.embedded import EmbeddedBackend

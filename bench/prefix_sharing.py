@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pydantic import BaseModel  # noqa: E402
+from pydantic import BaseModel
 
-import structgen as sg  # noqa: E402
-from structgen.lang.tracer import trace_first_prompt  # noqa: E402
+import structgen as sg
+from structgen.lang.tracer import trace_first_prompt
 
 NAMES = ["Ada", "Bruno", "Chloe", "Dario", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Keiko",
          "Liam", "Maya", "Nils", "Olga", "Pavel", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera"]

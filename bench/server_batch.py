@@ -36,9 +36,8 @@ from pydantic import BaseModel, Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from structgen.backends.vllm import VLLMBackend
-
 import structgen as sg
+from structgen.backends.vllm import VLLMBackend
 
 TASKS = {
     "people": [("Ann Lee, 34, Paris.", '{"name":"Ann Lee","value":34}'),

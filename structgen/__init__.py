@@ -9,6 +9,22 @@ template through ``system``/``user``/``assistant``; ``fork`` and ``join``; ``run
 Importing structgen imports no torch, transformers or engine: backends load lazily.
 """
 
+from structgen.constraints.spec import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+from structgen.contract.backend import Backend, Capabilities, SamplingParams
+from structgen.contract.registry import (
+    available_backends,
+    get_backend,
+    get_default_backend,
+    set_default_backend,
+)
+from structgen.errors import (
+    BackendError,
+    CapabilityError,
+    ConstraintError,
+    OutputValidationError,
+    ProgramError,
+    StructgenError,
+)
 from structgen.lang.api import (
     assistant,
     assistant_begin,
@@ -26,28 +42,12 @@ from structgen.lang.api import (
     user_end,
     video,
 )
-from structgen.contract.backend import Backend, Capabilities, SamplingParams
 from structgen.lang.choices import (
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from structgen.constraints.spec import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
-from structgen.errors import (
-    BackendError,
-    CapabilityError,
-    ConstraintError,
-    OutputValidationError,
-    ProgramError,
-    StructgenError,
-)
 from structgen.lang.program import Program, function, program
-from structgen.contract.registry import (
-    available_backends,
-    get_backend,
-    get_default_backend,
-    set_default_backend,
-)
 from structgen.lang.state import ForkGroup, ProgramState
 
 __version__ = "0.1.0"

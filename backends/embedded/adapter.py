@@ -20,12 +20,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+
 from structgen.backends.embedded.engine import Engine, EngineConfig
 from structgen.backends.embedded.loader import load_model
 from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
 from structgen.backends.embedded.runner import ModelRunner
 from structgen.backends.embedded.sequence import GenSequence
-
+from structgen.constraints.spec import ConstraintSpec
 from structgen.contract.backend import (
     Backend,
     Capabilities,
@@ -36,7 +37,6 @@ from structgen.contract.backend import (
     TextCallback,
 )
 from structgen.contract.chat_template import ChatTemplate
-from structgen.constraints.spec import ConstraintSpec
 from structgen.errors import BackendError, ConstraintError, ProgramError, StructgenError
 
 __all__ = ["EmbeddedBackend"]
@@ -186,7 +186,7 @@ class EmbeddedBackend(Backend):
                 results.append(self._generate_one(i, request, on_text))
             except StructgenError as exc:
                 results.append(exc.with_context(program=request.program, variable=request.variable))
-            except Exception as exc:  # noqa: BLE001 -- torch / tokenizer failures, mapped here
+            except Exception as exc:
                 err = BackendError(f"generation failed: {type(exc).__name__}: {exc}", backend=self.name,
                                    program=request.program, variable=request.variable)
                 err.__cause__ = exc
@@ -210,7 +210,7 @@ class EmbeddedBackend(Backend):
         for i, request in enumerate(requests):
             try:
                 seqs.append((i, self._sequence(i, request, on_text)))
-            except Exception as exc:  # noqa: BLE001 -- this request fails alone
+            except Exception as exc:
                 results[i] = self._as_error(exc, request)
         engine = self._engine
         if engine is None:
@@ -223,7 +223,7 @@ class EmbeddedBackend(Backend):
                 continue
             try:
                 results[i] = gen.result({"prompt_tokens": len(gen.prompt_ids), **counters})
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 results[i] = self._as_error(exc, request)
         return results  # type: ignore[return-value]
 
@@ -297,7 +297,7 @@ class EmbeddedBackend(Backend):
                 results.append(self._select_one(request))
             except StructgenError as exc:
                 results.append(exc.with_context(program=request.program, variable=request.variable))
-            except Exception as exc:  # noqa: BLE001 -- torch failures, mapped here
+            except Exception as exc:
                 err = BackendError(f"select failed: {type(exc).__name__}: {exc}", backend=self.name,
                                    program=request.program, variable=request.variable)
                 err.__cause__ = exc

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 
 MAX_SHORT = 64  # new tokens of an entry that may join the cascade group

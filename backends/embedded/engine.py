@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from structgen.backends.embedded.llama import LlamaModel, SeqInput
 from structgen.backends.embedded.sequence import GenSequence
-
 from structgen.errors import BackendError, StructgenError
-from structgen.runtime import BlockPool, RadixCache, Scheduler, SchedulerConfig
-from structgen.runtime import SeqState
+from structgen.runtime import BlockPool, RadixCache, Scheduler, SchedulerConfig, SeqState
 
 __all__ = ["Engine", "EngineConfig"]
 
@@ -216,7 +215,7 @@ class Engine:
             for fn, fut in tasks:
                 try:
                     fut.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 -- handed to the caller
+                except BaseException as exc:
                     fut.set_exception(exc)
             for job in incoming:
                 try:
@@ -229,7 +228,7 @@ class Engine:
                 try:
                     with torch.inference_mode():  # logits are inference tensors, edited in place
                         self._step(jobs)
-                except BaseException as exc:  # noqa: BLE001 -- fail the step's sequences, keep serving
+                except BaseException as exc:
                     for job in list(jobs.values()):
                         if not job.rt.is_finished:
                             self.scheduler.finish(job.rt, "error")
@@ -283,7 +282,7 @@ class Engine:
                 if not finished and self.config.jump_forward and _may_jump(gen):
                     forced, finished = _forced_run(gen)
                     self.generated_tokens += len(forced)
-            except BaseException as exc:  # noqa: BLE001 -- this sequence fails alone
+            except BaseException as exc:
                 job.error = exc
                 finished, forced = True, []
             if finished:

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+
 from structgen.backends.embedded.attention import AttentionPlan, run_attention
 from structgen.backends.embedded.kv_pool import KVPool
 

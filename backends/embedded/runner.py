@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from structgen.backends.embedded.prefix_cache import PrefixCache
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from structgen.backends.embedded.prefix_cache import PrefixCache
 
 __all__ = ["Counters", "ModelRunner", "Prefill"]
 

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
 from structgen.backends.embedded.sampler import Sampler, TokenMask, token_mask
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
-
-from structgen.contract.backend import GenerateRequest, GenerateResult
 from structgen.constraints.bitmask import allocate_token_bitmask
+from structgen.contract.backend import GenerateRequest, GenerateResult
 from structgen.errors import BackendError, ConstraintError
 
 __all__ = ["GenSequence"]

@@ -19,14 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
+
 from structgen.backends.llamacpp.gbnf import (
     choices_to_gbnf,
     json_schema_to_gbnf,
     regex_to_gbnf,
 )
 from structgen.backends.openai.adapter import OpenAICompatBackend
-
-from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -34,6 +33,7 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.errors import CapabilityError, OutputValidationError
 
 __all__ = ["LlamaCppBackend", "grammar_for"]

@@ -17,15 +17,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
-
+from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, JsonSchemaSpec
 from structgen.contract.backend import (
     Capabilities,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
 )
-from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, JsonSchemaSpec
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 from structgen.errors import CapabilityError, OutputValidationError
 
 __all__ = ["OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]

@@ -20,15 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
-
-from structgen.contract.backend import (
-    Capabilities,
-    GenerateRequest,
-    GenerateResult,
-    SelectRequest,
-    SelectResult,
-)
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -36,6 +27,14 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.contract.backend import (
+    Capabilities,
+    GenerateRequest,
+    GenerateResult,
+    SelectRequest,
+    SelectResult,
+)
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["SGLangBackend", "choice_regex"]

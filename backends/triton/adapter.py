@@ -26,10 +26,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 from structgen.backends.sglang.adapter import choice_regex
-
-from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -37,6 +34,8 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
 from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["TritonBackend"]

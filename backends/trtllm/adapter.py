@@ -28,8 +28,6 @@ from typing import Any
 
 from structgen.backends.openai.adapter import OpenAICompatBackend
 from structgen.backends.sglang.adapter import choice_regex
-
-from structgen.contract.backend import Capabilities
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -37,6 +35,7 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.contract.backend import Capabilities
 from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["TRTLLMBackend", "llm_api_guided_kwargs"]

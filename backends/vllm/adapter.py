@@ -17,16 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from structgen.contract.server import Call, Flow, require
 from structgen.backends.openai.adapter import OpenAICompatBackend
-
-from structgen.contract.backend import (
-    Capabilities,
-    GenerateRequest,
-    GenerateResult,
-    SelectRequest,
-    SelectResult,
-)
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -34,6 +25,14 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.contract.backend import (
+    Capabilities,
+    GenerateRequest,
+    GenerateResult,
+    SelectRequest,
+    SelectResult,
+)
+from structgen.contract.server import Call, Flow, require
 from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["VLLMBackend", "parse_version"]

@@ -126,7 +126,7 @@ _REF_SIBLINGS = frozenset({"$ref", "title", "description", "$comment", "default"
 def _plain_ref(s: dict, ref: Any, draft: int) -> bool:
     if not isinstance(ref, str) or _PLAIN_REF.fullmatch(ref) is None:
         return False
-    return draft >= 2019 or all(k in _REF_SIBLINGS or k not in _MEANINGFUL and k not in _PLAIN for k in s)
+    return draft >= 2019 or all(k in _REF_SIBLINGS or (k not in _MEANINGFUL and k not in _PLAIN) for k in s)
 
 
 def scan_schema(schema: Any, draft: int) -> Scan:

@@ -425,7 +425,7 @@ class _Normalizer:
             elif k in ("additionalProperties", "items", "contains", "propertyNames",
                        "unevaluatedProperties", "unevaluatedItems") and isinstance(v, (dict, bool)):
                 out[k] = self.norm(v)
-            elif k == "prefixItems" and isinstance(v, list) or k in ("allOf", "anyOf", "oneOf") and isinstance(v, list) and v:
+            elif (k == "prefixItems" and isinstance(v, list)) or (k in ("allOf", "anyOf", "oneOf") and isinstance(v, list) and v):
                 out[k] = [self.norm(x) for x in v]
             elif k in ("not", "if", "then", "else"):
                 out[k] = self.norm(v)

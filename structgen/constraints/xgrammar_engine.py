@@ -80,7 +80,7 @@ def load_xgrammar() -> tuple[Any, str | None]:
         import xgrammar
     except ImportError as exc:
         return None, f"xgrammar is not installed ({exc})"
-    except Exception as exc:  # noqa: BLE001 - a broken install (native library, ABI) is "unavailable"
+    except Exception as exc:
         return None, f"xgrammar cannot be imported: {type(exc).__name__}: {exc}"
     return xgrammar, None
 
@@ -131,7 +131,7 @@ class XGrammarEngine:
                     text, any_whitespace=whitespace_flexible,
                     separators=None if whitespace_flexible else (",", ":"),
                     strict_mode=False, any_order=ANY_ORDER)
-            except Exception as exc:  # noqa: BLE001 - any engine failure means "cannot compile"
+            except Exception as exc:
                 box["error"] = f"{type(exc).__name__}: {_first_line(str(exc))}"
             finally:
                 with self._lock:
@@ -175,7 +175,7 @@ def engine_for(lltokenizer: Any) -> tuple[XGrammarEngine | None, str | None]:
         return None, why
     try:
         engine = XGrammarEngine(xgr, lltokenizer)
-    except Exception as exc:  # noqa: BLE001 - an engine that cannot start is "unavailable"
+    except Exception as exc:
         return None, f"cannot build the xgrammar tokenizer: {type(exc).__name__}: {_first_line(str(exc))}"
     with _engines_lock:
         entry = _engines.setdefault(id(lltokenizer), (lltokenizer, engine))

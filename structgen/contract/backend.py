@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from structgen.contract.chat_template import ChatTemplate
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -27,6 +26,7 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.contract.chat_template import ChatTemplate
 from structgen.errors import CapabilityError, StructgenError
 
 __all__ = [

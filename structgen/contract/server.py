@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-from structgen.contract.http import HttpClient, HttpConfig, RetryPolicy
 
+from structgen.constraints.spec import ChoiceSpec
 from structgen.contract.backend import (
     Backend,
     Capabilities,
@@ -36,7 +36,7 @@ from structgen.contract.backend import (
     TextCallback,
 )
 from structgen.contract.chat_template import ChatTemplate
-from structgen.constraints.spec import ChoiceSpec
+from structgen.contract.http import HttpClient, HttpConfig, RetryPolicy
 from structgen.errors import BackendError, OutputValidationError, StructgenError
 
 __all__ = ["Call", "Flow", "ServerBackend", "common_prefix", "finish_reason", "hf_chat_template", "require"]
@@ -77,7 +77,7 @@ def hf_chat_template(path: str | None) -> ChatTemplate | None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path)
-    except Exception:  # noqa: BLE001 - no tokenizer there: the caller renders no roles
+    except Exception:
         return None
     if not getattr(tok, "chat_template", None):
         return None
@@ -252,7 +252,7 @@ class ServerBackend(Backend):
             if flow is not None:
                 self._stats["warm_prefixes"] += 1
                 self._drive(flow)
-        except Exception as exc:  # noqa: BLE001 - the real requests will report failures
+        except Exception as exc:
             log.debug("%s: prefix warm-up failed: %s", self.name, exc)
 
     def _run_one(self, i: int, req: GenerateRequest,
@@ -260,7 +260,7 @@ class ServerBackend(Backend):
         self._stats["requests"] += 1
         try:
             result = self._drive(self._generate_flow(req))
-        except Exception as exc:  # noqa: BLE001 - becomes this item's error
+        except Exception as exc:
             return self._wrap(exc, req)
         if on_text is not None and result.text:
             on_text(i, result.text)
@@ -278,7 +278,7 @@ class ServerBackend(Backend):
             self._stats["warm_prefixes"] += 1
             try:
                 done.result()
-            except Exception as exc:  # noqa: BLE001 - the real requests will report it
+            except Exception as exc:
                 log.debug("%s: prefix warm-up failed: %s", self.name, exc)
         # submit related requests together (same group, then prompts sorted so shared
         # prefixes are adjacent): the engine's prefix cache sees them back to back
@@ -295,7 +295,7 @@ class ServerBackend(Backend):
             self._stats["warm_prefixes"] += 1
             try:
                 await self._adrive(flow)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.debug("%s: prefix warm-up failed: %s", self.name, exc)
 
         async def one(i: int, req: GenerateRequest) -> GenerateResult | StructgenError:
@@ -303,7 +303,7 @@ class ServerBackend(Backend):
                 self._stats["requests"] += 1
                 try:
                     result = await self._adrive(self._generate_flow(req))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     return self._wrap(exc, req)
             if on_text is not None and result.text:
                 on_text(i, result.text)
@@ -315,7 +315,7 @@ class ServerBackend(Backend):
         self._stats["requests"] += 1
         try:
             return self._drive(self._select_flow(req))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return self._wrap(exc, req)
 
     def select(self, requests: Sequence[SelectRequest]) -> list[SelectResult | StructgenError]:
@@ -334,7 +334,7 @@ class ServerBackend(Backend):
                 self._stats["requests"] += 1
                 try:
                     return await self._adrive(self._select_flow(req))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     return self._wrap(exc, req)
 
         return list(await asyncio.gather(*(one(r) for r in requests)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from structgen.lang.choices import ChoicesSamplingMethod, method_by_name
 from structgen.constraints.spec import (
     ConstraintSpec,
     dtype_spec,
@@ -13,6 +12,7 @@ from structgen.constraints.spec import (
     regex_spec,
 )
 from structgen.errors import ConstraintError, ProgramError
+from structgen.lang.choices import ChoicesSamplingMethod, method_by_name
 from structgen.lang.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_node
 
 __all__ = [

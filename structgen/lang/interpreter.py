@@ -25,8 +25,8 @@ from structgen.contract.backend import (
     SelectResult,
 )
 from structgen.contract.chat_template import ChatTemplate
-from structgen.lang.choices import method_by_name
 from structgen.errors import OutputValidationError, ProgramError, StructgenError
+from structgen.lang.choices import method_by_name
 from structgen.lang.ir import (
     Expr,
     Gen,

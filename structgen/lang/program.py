@@ -19,8 +19,8 @@ from dataclasses import fields
 from typing import Any
 
 from structgen.contract.backend import Backend, SamplingParams
-from structgen.errors import ProgramError, StructgenError
 from structgen.contract.registry import resolve
+from structgen.errors import ProgramError, StructgenError
 from structgen.lang.run import Run, current_run
 from structgen.lang.state import ProgramState, _Stream
 from structgen.lang.tracer import common_prefix, trace_first_prompt
@@ -105,7 +105,7 @@ class Program:
             run.drive([state._interp])
         except StructgenError as exc:
             state._interp.fail(exc)
-        except Exception as exc:  # noqa: BLE001 -- a user bug is reported on the run
+        except Exception as exc:
             err = ProgramError(f"the program body raised {type(exc).__name__}: {exc}")
             err.__cause__ = exc
             state._interp.fail(err)
@@ -152,7 +152,7 @@ class Program:
             await run.adrive([state._interp])
         except StructgenError as exc:
             state._interp.fail(exc)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             err = ProgramError(f"the program body raised {type(exc).__name__}: {exc}")
             err.__cause__ = exc
             state._interp.fail(err)

@@ -124,12 +124,12 @@ class Run:
                 try:
                     results = await self.backend.agenerate([r for _, r in gens],
                                                            on_text=self._on_text(gens))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     results = [self._failure(exc)] * len(gens)
                 self._deliver(gens, results)
             if sels:
                 try:
                     results = await self.backend.aselect([r for _, r in sels])
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     results = [self._failure(exc)] * len(sels)
                 self._deliver(sels, results)

@@ -52,7 +52,7 @@ def trace_first_prompt(program: Program, kwargs: dict[str, Any], backend: Backen
         program.func(state, **call_kwargs)
     except _StopTrace:
         pass
-    except (StructgenError, Exception):  # noqa: BLE001 -- the real run will report it
+    except (StructgenError, Exception):
         return None
     finally:
         current_run.reset(token)

@@ -12,10 +12,10 @@ import time
 
 import httpx
 import pytest
-from structgen.contract.http import HttpClient, HttpConfig, RetryPolicy
-from structgen.backends.openai import OpenAIBackend
 
+from structgen.backends.openai import OpenAIBackend
 from structgen.contract.backend import Capabilities, GenerateRequest, SamplingParams
+from structgen.contract.http import HttpClient, HttpConfig, RetryPolicy
 from structgen.errors import BackendError
 
 FAST = RetryPolicy(max_retries=3, backoff_base=0.001, backoff_max=0.01)

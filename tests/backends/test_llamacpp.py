@@ -10,24 +10,24 @@ import time
 
 import jsonschema
 import pytest
+
 from structgen.backends.llamacpp import LlamaCppBackend
 from structgen.backends.llamacpp.gbnf import (
     choices_to_gbnf,
     json_schema_to_gbnf,
     regex_to_gbnf,
 )
-
-from structgen.contract.backend import (
-    GenerateRequest,
-    GenerateResult,
-    SamplingParams,
-    SelectRequest,
-)
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
     RegexSpec,
     json_schema_spec,
+)
+from structgen.contract.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
 )
 from structgen.errors import (
     BackendError,

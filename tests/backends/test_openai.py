@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from structgen.backends.openai import OpenAIBackend
 
-from structgen.contract.backend import GenerateRequest, Message, SamplingParams, SelectRequest
+from structgen.backends.openai import OpenAIBackend
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
     RegexSpec,
     json_schema_spec,
 )
+from structgen.contract.backend import GenerateRequest, Message, SamplingParams, SelectRequest
 from structgen.errors import CapabilityError, OutputValidationError
 from tests.backend_fakes import Recorder
 

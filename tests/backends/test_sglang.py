@@ -10,18 +10,18 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from structgen.backends.sglang import SGLangBackend
 from structgen.backends.sglang.adapter import choice_regex
-
-from structgen.contract.backend import GenerateRequest, SamplingParams, SelectRequest
-from structgen.lang.choices import method_by_name
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
     RegexSpec,
     json_schema_spec,
 )
+from structgen.contract.backend import GenerateRequest, SamplingParams, SelectRequest
 from structgen.errors import BackendError, CapabilityError
+from structgen.lang.choices import method_by_name
 from tests.backend_fakes import Recorder
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}

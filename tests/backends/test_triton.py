@@ -14,19 +14,19 @@ import time
 
 import jsonschema
 import pytest
-from structgen.backends.triton import TritonBackend
 
-from structgen.contract.backend import (
-    GenerateRequest,
-    GenerateResult,
-    SamplingParams,
-    SelectRequest,
-)
+from structgen.backends.triton import TritonBackend
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
     RegexSpec,
     json_schema_spec,
+)
+from structgen.contract.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
 )
 from structgen.errors import BackendError, CapabilityError
 from tests.backend_fakes import Recorder

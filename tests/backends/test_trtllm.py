@@ -6,15 +6,15 @@ No installable TensorRT-LLM here; ``backends/trtllm/gpu_check.sh`` runs it live 
 from __future__ import annotations
 
 import pytest
-from structgen.backends.trtllm import TRTLLMBackend, llm_api_guided_kwargs
 
-from structgen.contract.backend import GenerateRequest, SamplingParams, SelectRequest
+from structgen.backends.trtllm import TRTLLMBackend, llm_api_guided_kwargs
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
     RegexSpec,
     json_schema_spec,
 )
+from structgen.contract.backend import GenerateRequest, SamplingParams, SelectRequest
 from structgen.errors import CapabilityError
 from tests.backend_fakes import Recorder
 

@@ -15,23 +15,23 @@ import time
 import httpx
 import jsonschema
 import pytest
+
 from structgen.backends.vllm import VLLMBackend
 from structgen.backends.vllm.adapter import parse_version
-
-from structgen.contract.backend import (
-    GenerateRequest,
-    GenerateResult,
-    SamplingParams,
-    SelectRequest,
-)
-from structgen.lang.choices import method_by_name
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
     RegexSpec,
     json_schema_spec,
 )
+from structgen.contract.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
+)
 from structgen.errors import BackendError, CapabilityError
+from structgen.lang.choices import method_by_name
 from tests.backend_fakes import Recorder
 from tests.servers import vllm as vllm_server
 from tests.servers.fixtures import LOG_DIR, require_server, suite_cases

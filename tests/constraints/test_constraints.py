@@ -44,8 +44,8 @@ from structgen.constraints.spec import (
     json_schema_spec,
     regex_spec,
 )
-from structgen.errors import ConstraintError
 from structgen.constraints.validation import validate_output
+from structgen.errors import ConstraintError
 from tests.jsontext import outside_strings
 
 SEEDS = range(12)
@@ -573,7 +573,7 @@ def test_compile_cache_is_thread_safe(tokenizer):
             for compiled in mine[:5]:
                 compiled.matcher().fill_bitmask(allocate_token_bitmask(1, compiler.vocab_size, kind="numpy"))
             results.append(mine)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]

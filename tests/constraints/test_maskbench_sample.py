@@ -22,8 +22,8 @@ import pytest
 from structgen.constraints.bitmask import allocate_token_bitmask
 from structgen.constraints.compiler import CompileCache, compiler_for
 from structgen.constraints.spec import json_schema_spec
-from structgen.errors import ConstraintError, OutputValidationError
 from structgen.constraints.validation import validate_output
+from structgen.errors import ConstraintError, OutputValidationError
 
 DATA = Path(os.environ.get("MASKBENCH_DIR", "/work/shared/maskbench"))
 SAMPLE = Path(__file__).parent / "data" / "maskbench_sample.txt"
@@ -52,7 +52,7 @@ TOTAL_FLOOR = (304, 300)  # (valid accepted, invalid rejected) over the whole sa
 
 
 def _source(name: str) -> str:
-    return name.split("---")[0] if "---" in name else re.sub(r"_\d+\.json$", "", name)
+    return name.split("---", maxsplit=1)[0] if "---" in name else re.sub(r"_\d+\.json$", "", name)
 
 
 def _names() -> list[str]:

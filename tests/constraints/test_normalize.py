@@ -223,8 +223,8 @@ def test_relax_and_skeleton_only_widen():
 def test_ladder_compiles_lookaround_looser_and_validation_guards(tokenizer):
     from structgen.constraints.compiler import CompileCache, compiler_for
     from structgen.constraints.spec import json_schema_spec
-    from structgen.errors import OutputValidationError
     from structgen.constraints.validation import validate_output
+    from structgen.errors import OutputValidationError
 
     compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=8))
     spec = json_schema_spec({"type": "object", "properties": {"id": {"type": "string", "pattern": "^(?!x)[a-z]+$"}},

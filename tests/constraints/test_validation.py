@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, field_validator
 
 from structgen.constraints.spec import ChoiceSpec, GrammarSpec, JsonSchemaSpec, dtype_spec, json_schema_spec, regex_spec
-from structgen.errors import ConstraintError, OutputValidationError, StructgenError
 from structgen.constraints.validation import validate_output
+from structgen.errors import ConstraintError, OutputValidationError, StructgenError
 
 
 class Item(BaseModel):

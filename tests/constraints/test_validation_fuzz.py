@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from structgen.constraints.spec import ChoiceSpec, json_schema_spec, regex_spec
-from structgen.errors import OutputValidationError
 from structgen.constraints.validation import validate_output
+from structgen.errors import OutputValidationError
 
 
 class Item(BaseModel):

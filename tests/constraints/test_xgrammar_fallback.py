@@ -16,16 +16,16 @@ import pytest
 
 pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'structgen[xgrammar]')")
 
-from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
 from structgen.constraints import xgrammar_engine
 from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids
 from structgen.constraints.compiler import CompileCache, compiler_for
 from structgen.constraints.fallback import RUNGS
 from structgen.constraints.llguidance_engine import LLGuidanceCompiled
 from structgen.constraints.spec import json_schema_spec
-from structgen.constraints.xgrammar_engine import XGrammarCompiled, XGrammarMatcher
-from structgen.errors import OutputValidationError
 from structgen.constraints.validation import validate_output
+from structgen.constraints.xgrammar_engine import XGrammarCompiled, XGrammarMatcher
+from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
+from structgen.errors import OutputValidationError
 
 # llguidance cannot compile these exactly (a lookahead pattern, uniqueItems, contains);
 # XGrammar can (it ignores what it does not enforce, so its grammar is wider, never narrower)

@@ -11,22 +11,22 @@ import json
 import re
 
 import pytest
+
 from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
-
-from structgen.contract.backend import (
-    GenerateRequest,
-    GenerateResult,
-    SamplingParams,
-    SelectRequest,
-    SelectResult,
-)
 from structgen.constraints.spec import (
     ChoiceSpec,
     JsonSchemaSpec,
     RegexSpec,
     json_schema_spec,
     regex_spec,
+)
+from structgen.contract.backend import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    SelectRequest,
+    SelectResult,
 )
 from structgen.errors import CapabilityError, ConstraintError, ProgramError
 
@@ -37,6 +37,7 @@ ISO_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 # -- pure parts: no model ------------------------------------------------------------------
 def test_dtype_auto_picks_bf16_only_where_the_cpu_computes_it(monkeypatch):
     import torch
+
     from structgen.backends.embedded import adapter as mod
 
     assert isinstance(mod.cpu_has_native_bf16(), bool)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 import structgen as sg
-from structgen.contract.backend import GenerateRequest, SamplingParams
 from structgen.backends.embedded.engine import Engine, EngineConfig
 from structgen.constraints.spec import json_schema_spec, regex_spec
-from structgen.runtime import KVCapacityError
+from structgen.contract.backend import GenerateRequest, SamplingParams
 from structgen.lang.tracer import trace_first_prompt
+from structgen.runtime import KVCapacityError
 
 pytestmark = pytest.mark.model
 

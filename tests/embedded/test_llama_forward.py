@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from structgen.backends.embedded.attention import (
     attend_padded,
     attend_shared,
@@ -246,8 +247,9 @@ def test_cascade_takes_entries_with_a_few_new_tokens(models):
 
 @pytest.mark.model
 def test_slots_hold_transformers_keys_and_values(models):
-    from structgen.backends.embedded.llama import SeqInput
     from transformers import DynamicCache
+
+    from structgen.backends.embedded.llama import SeqInput
 
     hf, m, tok = models
     ids = _ids(tok, PROMPTS[0])

@@ -206,7 +206,7 @@ def test_batch_larger_than_memory_completes_with_preemption() -> None:
     seqs = [SeqState(i, [i] * 20) for i in range(10)]  # 10 x (20 + 15) tokens >> 64
     for s in seqs:
         sched.add(s)
-    drive(sched, {i: 15 for i in range(10)}, random.Random(3))
+    drive(sched, dict.fromkeys(range(10), 15), random.Random(3))
     assert all(s.is_finished and s.error is None and s.num_output_tokens == 15 for s in seqs)
     assert sched.stats.preemptions > 0
 

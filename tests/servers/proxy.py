@@ -77,7 +77,7 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> FaultProxy:  # noqa: PYI034
+    def __enter__(self) -> FaultProxy:
         self._thread.start()
         return self
 

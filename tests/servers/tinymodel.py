@@ -26,8 +26,9 @@ def build_tiny_llama(out: Path | None = None) -> Path:
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
     import torch
-    from structgen.backends.embedded.loader import load_tokenizer, save_model_dir
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structgen.backends.embedded.loader import load_tokenizer, save_model_dir
 
     tok = load_tokenizer()
     torch.manual_seed(SEED)

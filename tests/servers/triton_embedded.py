@@ -36,10 +36,10 @@ def main() -> None:
     import numpy as np
     from pytriton.model_config import ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
-    from structgen.backends.embedded import EmbeddedBackend
 
-    from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
+    from structgen.backends.embedded import EmbeddedBackend
     from structgen.constraints.spec import RegexSpec, json_schema_spec
+    from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
 
     backend = EmbeddedBackend(args.model) if args.model else EmbeddedBackend()
 
@@ -78,7 +78,7 @@ def main() -> None:
         out = []
         for r in results:
             if not isinstance(r, GenerateResult):
-                raise RuntimeError(str(r))  # noqa: TRY004
+                raise RuntimeError(str(r))
             out.append({"text_output": np.array([r.text.encode()], dtype=object),
                         "finish_reason": np.array([r.finish_reason.encode()], dtype=object)})
         return out
