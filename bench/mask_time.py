@@ -67,7 +67,7 @@ def main() -> None:
     print(f"llguidance tokenizer: {(t1 - t0) * 1e3:.0f} ms; compile cold {(t2 - t1) * 1e3:.1f} ms, "
           f"cached {(t3 - t2) * 1e6:.1f} us")
 
-    lltok = compiler.engine.llguidance_tokenizer
+    lltok = compiler.ladder.llguidance_tokenizer
     closers = np.array([t for t in range(compiler.vocab_size)
                         if t != compiler.eos_token_id and lltok.decode_bytes([t])
                         and all(chr(b) in '"}]' for b in lltok.decode_bytes([t]))])

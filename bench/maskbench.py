@@ -134,11 +134,8 @@ class StructgenEngine(_Engine):
 
 
 def _rung(compiled: Any) -> str:
-    """Which rung of the fallback ladder compiled (failed rungs are named in the warnings)."""
-    from structgen.constraints.fallback import RUNGS
-
-    failed = {w.split(":", 1)[0] for w in getattr(compiled, "warnings", ())}
-    return next((r for r in RUNGS if r not in failed), "?")
+    """Which rung of the fallback ladder compiled."""
+    return str(getattr(compiled, "rung", "?"))
 
 
 class LLGuidanceEngine(_Engine):

@@ -3,11 +3,18 @@
 Stages (after XGrammar / LLGuidance):
 
 1. :mod:`structgen.constraints.spec` -- frozen specs (regex, JSON schema, choices, grammar).
-2. :class:`ConstraintCompiler.compile(spec, tokenizer)` -- compiles a spec for one
-   tokenizer; results are cached by ``(spec, tokenizer fingerprint)``. A malformed spec
-   raises :class:`~structgen.errors.ConstraintError` here, before any token is generated.
+2. :meth:`ConstraintCompiler.compile` -- compiles a spec for one tokenizer; results are
+   cached by ``(spec, tokenizer fingerprint)``. A malformed spec raises
+   :class:`~structgen.errors.ConstraintError` here, before any token is generated.
 3. :meth:`CompiledConstraint.matcher` -- a fresh, stateful :class:`Matcher` per sequence.
 4. :meth:`Matcher.fill_bitmask` -- writes the allowed-token bitmask for the next step.
+
+Each engine (:mod:`structgen.constraints.engines`) implements :class:`Engine`: a spec or
+a JSON schema -> a :class:`CompiledConstraint` -> a :class:`Matcher`, or
+:class:`EngineRefusal` when it cannot compile it; the ladder
+(:mod:`structgen.constraints.ladder`) composes engines into the one
+:class:`ConstraintCompiler`. Engines share one vocabulary (:class:`TokenTable`) and one
+bitmask layout.
 
 Error contract (written down, as LLGuidance does): a matcher never raises on a bad
 token. :meth:`Matcher.consume` returns ``False`` and the matcher enters an error state
@@ -17,12 +24,14 @@ token. :meth:`Matcher.consume` returns ``False`` and the matcher enters an error
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from structgen.constraints.spec import ConstraintSpec
+from structgen.constraints.spec import ConstraintSpec, JsonSchemaSpec
+from structgen.errors import ConstraintError
 
-__all__ = ["CompiledConstraint", "ConstraintCompiler", "Matcher"]
+__all__ = ["CompiledConstraint", "ConstraintCompiler", "Engine", "EngineRefusal", "Matcher", "TokenTable"]
 
 
 class Matcher(ABC):
@@ -137,10 +146,22 @@ class CompiledConstraint(ABC):
     #: False when the spec could not be enforced exactly at the token level and a looser
     #: grammar is enforced instead (the final validation then guards the result).
     exact: bool = True
+    #: the ladder rung that compiled it (``"exact"`` for anything not from a ladder)
+    rung: str = "exact"
+    #: why earlier rungs failed, what normalisation widened, engine warnings
+    warnings: tuple[str, ...] = ()
 
     @abstractmethod
     def matcher(self) -> Matcher:
         """A fresh matcher at the start of the output."""
+
+    def label(self, *, exact: bool, rung: str, warnings: Sequence[str]) -> CompiledConstraint:
+        """Record how faithfully this enforces its spec (the ladder does, before the
+        object is shared). Returns ``self``."""
+        self.exact = exact
+        self.rung = rung
+        self.warnings = tuple(warnings)
+        return self
 
 
 class ConstraintCompiler(ABC):
@@ -149,3 +170,54 @@ class ConstraintCompiler(ABC):
     @abstractmethod
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
         """Compile ``spec``; raise :class:`~structgen.errors.ConstraintError` if malformed."""
+
+
+class EngineRefusal(ConstraintError):
+    """An engine cannot compile what it was given (a ladder then tries its next rung).
+
+    ``unsatisfiable``: the engine found that no value satisfies the schema it was given.
+    """
+
+    def __init__(self, reason: str, *, unsatisfiable: bool = False, constraint: str | None = None):
+        super().__init__(reason, constraint=constraint)
+        self.reason = reason
+        self.unsatisfiable = unsatisfiable
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """One vocabulary as every engine sees it: the bytes of each token id (special tokens
+    empty: never text), the EOS id, and the canonical tokenization of bytes."""
+
+    tokens: Sequence[bytes]
+    eos_token_id: int
+    tokenize: Callable[[bytes], list[int]]
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+
+class Engine(ABC):
+    """A constraint engine for one vocabulary: a spec or a JSON schema -> a
+    :class:`CompiledConstraint` -> a :class:`Matcher`.
+
+    Engines know nothing of each other; :mod:`structgen.constraints.ladder` composes them.
+    """
+
+    #: the engine's name in notes and warnings
+    name: ClassVar[str]
+
+    @abstractmethod
+    def compile_schema(self, spec: JsonSchemaSpec, schema: Any,
+                       options: Mapping[str, Any]) -> CompiledConstraint:
+        """Compile ``schema`` (a prepared JSON schema, or its text) for ``spec``.
+
+        ``options`` are the engine's own (its module lists them). Raises
+        :class:`EngineRefusal` when it cannot; never another exception for a bad schema.
+        """
+
+    def compile_spec(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """Compile a spec of another kind; raises :class:`EngineRefusal` for kinds the
+        engine does not compile, :class:`ConstraintError` for a malformed spec."""
+        raise EngineRefusal(f"{self.name} does not compile {spec.kind} constraints")

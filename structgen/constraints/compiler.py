@@ -2,9 +2,12 @@
 
 ``compiler_for(tokenizer)`` returns one :class:`CachingCompiler` per tokenizer
 *vocabulary* (fingerprint = SHA-256 of the vocabulary and EOS ids, computed once per
-tokenizer object). Compiled constraints are cached in a bounded LRU
-:class:`CompileCache` keyed by ``(spec, fingerprint)``, shared by all compilers unless one
-is passed in. Everything here is thread safe.
+tokenizer object) and ladder configuration: the engines composed by
+:class:`~structgen.constraints.ladder.Ladder`, configured by
+:class:`~structgen.constraints.ladder.LadderConfig` (``LadderConfig.from_env()`` unless one
+is passed in). Compiled constraints are cached in a bounded LRU :class:`CompileCache`
+keyed by ``(spec, fingerprint)``, shared by all compilers unless one is passed in.
+Everything here is thread safe.
 
     compiler = compiler_for(tokenizer)
     compiled = compiler.compile(regex_spec(r"\\d{4}-\\d{2}-\\d{2}"))   # miss
@@ -24,10 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler
-from structgen.constraints.llguidance_engine import (
-    LLGuidanceCompiled,
-    LLGuidanceCompiler,
-)
+from structgen.constraints.engines.llguidance import LLGuidanceEngine
+from structgen.constraints.ladder import Ladder, LadderConfig
 from structgen.constraints.spec import ConstraintSpec
 
 __all__ = [
@@ -110,31 +111,37 @@ class CompileCache:
 
 
 class CachingCompiler(ConstraintCompiler):
-    """An :class:`LLGuidanceCompiler` behind a :class:`CompileCache`.
+    """A :class:`~structgen.constraints.ladder.Ladder` behind a :class:`CompileCache`.
 
     Equal specs share one compiled constraint (``JsonSchemaSpec.model`` is not part of
     equality, so ``compiled.spec`` may be an equal spec with another model attached).
+    ``fingerprint`` names the vocabulary and, when not the default, the ladder's
+    configuration: compilers that would compile differently never share entries.
     """
 
-    def __init__(self, engine: LLGuidanceCompiler, fingerprint: str, cache: CompileCache):
-        self.engine = engine
+    def __init__(self, ladder: Ladder, fingerprint: str, cache: CompileCache):
+        self.ladder = ladder
         self.fingerprint = fingerprint
         self.cache = cache
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.vocab_size
+        return self.ladder.vocab_size
 
     @property
     def eos_token_id(self) -> int:
-        return self.engine.eos_token_id
+        return self.ladder.eos_token_id
 
-    def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled:
+    @property
+    def config(self) -> LadderConfig:
+        return self.ladder.config
+
+    def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
         key = (spec, self.fingerprint)
         hit = self.cache.get(key)
         if hit is not None:
-            return hit  # type: ignore[return-value]
-        return self.cache.put(key, self.engine.compile(spec))  # type: ignore[return-value]
+            return hit
+        return self.cache.put(key, self.ladder.compile(spec))
 
 
 _DEFAULT_CACHE = CompileCache()
@@ -147,8 +154,9 @@ def default_cache() -> CompileCache:
 
 _fingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _fingerprint_ids: dict[int, tuple[Any, str]] = {}  # tokenizers that cannot be weakly referenced
-_engines: dict[tuple[str, int | None, int | None], LLGuidanceCompiler] = {}
-_compilers: dict[tuple[str, int | None, int | None], CachingCompiler] = {}  # default cache only
+_engines: dict[tuple[str, int | None, int | None], LLGuidanceEngine] = {}
+_ladders: dict[tuple[str, int | None, int | None, LadderConfig], Ladder] = {}
+_compilers: dict[tuple[str, int | None, int | None, LadderConfig], CachingCompiler] = {}  # default cache only
 _lock = threading.RLock()
 
 
@@ -178,27 +186,36 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def compiler_for(tokenizer: Any, *, cache: CompileCache | None = None,
-                 n_vocab: int | None = None, eos_token_id: int | None = None) -> CachingCompiler:
+                 n_vocab: int | None = None, eos_token_id: int | None = None,
+                 config: LadderConfig | None = None) -> CachingCompiler:
     """The shared compiler for ``tokenizer`` (a Hugging Face fast tokenizer).
 
-    Tokenizers with the same vocabulary share one llguidance tokenizer (built once, ~1 s).
+    Tokenizers with the same vocabulary share one llguidance tokenizer (slow to build: once).
     ``cache`` defaults to :func:`default_cache`; pass a fresh :class:`CompileCache` to
     isolate (tests, or a bounded cache per model). ``n_vocab`` / ``eos_token_id`` override
-    the vocabulary size (e.g. the model's padded logits width) and EOS token.
+    the vocabulary size (e.g. the model's padded logits width) and EOS token. ``config``
+    defaults to :meth:`LadderConfig.from_env() <structgen.constraints.ladder.LadderConfig.from_env>`.
     """
+    config = LadderConfig.from_env() if config is None else config
     fingerprint = tokenizer_fingerprint(tokenizer)
     if n_vocab is not None or eos_token_id is not None:
         fingerprint = f"{fingerprint}:{n_vocab}:{eos_token_id}"
-    cache = default_cache() if cache is None else cache
     engine_key = (fingerprint, n_vocab, eos_token_id)
+    ladder_key = (*engine_key, config)
+    if config != LadderConfig():
+        fingerprint = f"{fingerprint}:{config!r}"
+    cache = default_cache() if cache is None else cache
     with _lock:
-        if cache is _DEFAULT_CACHE and engine_key in _compilers:
-            return _compilers[engine_key]
-        engine = _engines.get(engine_key)
-        if engine is None:
-            engine = LLGuidanceCompiler(tokenizer, n_vocab=n_vocab, eos_token_id=eos_token_id)
-            _engines[engine_key] = engine
-        compiler = CachingCompiler(engine, fingerprint, cache)
+        if cache is _DEFAULT_CACHE and ladder_key in _compilers:
+            return _compilers[ladder_key]
+        ladder = _ladders.get(ladder_key)
+        if ladder is None:
+            engine = _engines.get(engine_key)
+            if engine is None:
+                engine = LLGuidanceEngine(tokenizer, n_vocab=n_vocab, eos_token_id=eos_token_id)
+                _engines[engine_key] = engine
+            ladder = _ladders[ladder_key] = Ladder(engine, config)
+        compiler = CachingCompiler(ladder, fingerprint, cache)
         if cache is _DEFAULT_CACHE:
-            _compilers[engine_key] = compiler
+            _compilers[ladder_key] = compiler
         return compiler

@@ -31,7 +31,7 @@ from structgen.constraints.compiler import (
     default_cache,
     tokenizer_fingerprint,
 )
-from structgen.constraints.llguidance_engine import (
+from structgen.constraints.engines.llguidance import (
     LLGuidanceMatcher,
     python_regex_to_rust,
 )
@@ -65,7 +65,7 @@ def compiler(tokenizer):
 
 @pytest.fixture(scope="module")
 def lltok(compiler):
-    return compiler.engine.llguidance_tokenizer
+    return compiler.ladder.llguidance_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -554,7 +554,7 @@ def test_compiler_for_is_shared_per_vocabulary(tokenizer):
     assert compiler_for(tokenizer) is compiler_for(tokenizer)
     assert compiler_for(tokenizer).cache is default_cache()
     own = compiler_for(tokenizer, cache=CompileCache(4))
-    assert own.engine is compiler_for(tokenizer).engine  # one llguidance tokenizer
+    assert own.ladder is compiler_for(tokenizer).ladder  # one llguidance tokenizer
     fp = tokenizer_fingerprint(tokenizer)
     assert fp == tokenizer_fingerprint(tokenizer) and len(fp) == 64
 

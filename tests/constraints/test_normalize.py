@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from structgen.constraints.fallback import relax, skeleton
-from structgen.constraints.metacheck import meta_errors
-from structgen.constraints.normalize import normalize, normalize_schema
+from structgen.constraints.schema.loosen import relax, skeleton
+from structgen.constraints.schema.metacheck import meta_errors
+from structgen.constraints.schema.normalize import normalize, normalize_schema
 from structgen.errors import ConstraintError
 
 
@@ -307,7 +307,7 @@ def test_normalisation_keeps_the_engines_property_order(tokenizer, schema, insta
 
     compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=8))
     compiled = compiler.compile(json_schema_spec(schema))
-    raw_tok = compiler.engine.llguidance_tokenizer
+    raw_tok = compiler.ladder.llguidance_tokenizer
     raw = llguidance.LLMatcher(raw_tok, llguidance.LLMatcher.grammar_from_json_schema(
         schema, overrides={"whitespace_flexible": False}), log_level=0)
     assert not raw.is_error()
@@ -323,7 +323,7 @@ def test_normalisation_keeps_the_engines_property_order(tokenizer, schema, insta
 
 
 def test_unknown_keywords_keep_a_schema_plain():
-    from structgen.constraints.metacheck import scan_schema
+    from structgen.constraints.schema.metacheck import scan_schema
 
     # keys no draft and not the engine give a meaning: both ignore them
     assert scan_schema({"type": "object", "properties": {"a": {"type": "string", "x-k8s": {"not": {}},

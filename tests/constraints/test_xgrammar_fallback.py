@@ -1,5 +1,5 @@
-"""XGrammar as the second engine: the ``xgrammar`` rung between llguidance's ``exact`` and
-``coerce`` (:mod:`structgen.constraints.xgrammar_engine`).
+"""XGrammar as the second engine: the ``xgrammar`` rung after llguidance's ``coerce``
+(:mod:`structgen.constraints.engines.xgrammar`, composed by :mod:`structgen.constraints.ladder`).
 
 Real XGrammar and the real SmolLM2 tokenizer, no mocks; XGrammar's *absence* is simulated
 by making its import fail. Skipped when XGrammar is not installed.
@@ -16,14 +16,15 @@ import pytest
 
 pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'structgen[xgrammar]')")
 
-from structgen.constraints import xgrammar_engine
+from structgen.constraints.base import EngineRefusal
 from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids
 from structgen.constraints.compiler import CompileCache, compiler_for
-from structgen.constraints.fallback import RUNGS
-from structgen.constraints.llguidance_engine import LLGuidanceCompiled
+from structgen.constraints.engines import xgrammar as xgrammar_engine
+from structgen.constraints.engines.llguidance import LLGuidanceCompiled
+from structgen.constraints.engines.xgrammar import XGrammarCompiled, XGrammarMatcher
+from structgen.constraints.ladder import RUNGS
 from structgen.constraints.spec import json_schema_spec
 from structgen.constraints.validation import validate_output
-from structgen.constraints.xgrammar_engine import XGrammarCompiled, XGrammarMatcher
 from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
 from structgen.errors import OutputValidationError
 
@@ -202,13 +203,12 @@ def test_misuse_raises_typed_errors(compiler):
 def test_fills_the_given_row_in_place_with_the_shared_layout(compiler, tokenizer):
     """Bit ``t % 32`` of word ``t // 32``: XGrammar's masks equal llguidance's on a schema
     both compile (mid-number, where both allow exactly the digits and the terminators)."""
-    from structgen.constraints.xgrammar_engine import XGrammarCompiled, compile_schema
-
     schema = {"type": "array", "items": {"type": "integer"}}
     lcompiled = compiler.compile(json_schema_spec(schema))
-    template, why = compile_schema(schema, compiler.engine.llguidance_tokenizer)
-    assert template is not None, why
-    xcompiled = XGrammarCompiled(json_schema_spec(schema), template)
+    engine, why = compiler.ladder.second_engine()
+    assert engine is not None, why
+    xcompiled = engine.compile_schema(json_schema_spec(schema), schema, {})
+    assert isinstance(xcompiled, XGrammarCompiled)
     ids = tokenizer.encode("[1,23", add_special_tokens=False)
     lm, xm = lcompiled.matcher(), xcompiled.matcher()
     assert lm.consume_many(ids) and xm.consume_many(ids)
@@ -278,15 +278,17 @@ def test_switched_off_or_timed_out_the_ladder_continues(tokenizer, monkeypatch):
     assert any(w.startswith("xgrammar: compile timed out") for w in compiled.warnings), compiled.warnings
 
 
-def test_an_xgrammar_compile_error_is_a_note_not_an_exception(compiler):
-    from structgen.constraints.xgrammar_engine import compile_schema
-
-    template, why = compile_schema({"type": 5}, compiler.engine.llguidance_tokenizer)
-    assert template is None and why and "Type should be a string" in why[0]
+def test_an_xgrammar_compile_error_is_a_typed_refusal(compiler):
+    """XGrammar's own exceptions never escape: the engine refuses (the ladder notes why)."""
+    engine, why = compiler.ladder.second_engine()
+    assert engine is not None, why
+    with pytest.raises(EngineRefusal) as info:
+        engine.compile_schema(json_schema_spec({"type": 5}), {"type": 5}, {})
+    assert "Type should be a string" in info.value.reason
 
 
 def test_import_structgen_does_not_import_xgrammar():
-    code = ("import sys, structgen, structgen.constraints.fallback, structgen.constraints.xgrammar_engine; "
+    code = ("import sys, structgen, structgen.constraints.compiler, structgen.constraints.engines.xgrammar; "
             "print(sorted(m for m in ('xgrammar', 'torch', 'tvm_ffi') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -167,7 +167,7 @@ def _assert_no_leak(engine):
 def test_rejected_drafts_change_nothing_but_the_pass_count(embedded_backend, reference, monkeypatch):
     """Drafts the sampler does not pick are dropped with their KV: draft every forced
     text byte by byte (a tokenization the model never prefers) and outputs stay the same."""
-    from structgen.constraints.llguidance_engine import LLGuidanceMatcher
+    from structgen.constraints.engines.llguidance import LLGuidanceMatcher
 
     def byte_draft(self, prefer=None):
         tok = self._vocab.tokenizer

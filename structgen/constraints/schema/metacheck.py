@@ -1,14 +1,14 @@
 """A fast structural check of a JSON schema against its draft's meta-schema rules.
 
-jsonschema's own meta-schema validation costs ~10 ms for a typical 2020-12 schema
-(``$dynamicRef`` resolution), ten times the cost of compiling the grammar. This module
-checks the same keyword-value rules (draft-04 .. 2020-12) in one walk, in microseconds:
-types of keyword values, known type names, non-negative counts, positive ``multipleOf``,
-unique string ``required`` lists, non-empty ``allOf``/``anyOf``/``oneOf``, subschemas
-that are objects or booleans. ``format`` values and ``pattern`` syntax are not checked
-(the meta-schemas do not check them either).
+jsonschema's own meta-schema validation resolves ``$dynamicRef`` s and costs more than
+compiling the grammar; this module checks the same keyword-value rules (draft-04 ..
+2020-12) in one walk: types of keyword values, known type names, non-negative counts,
+positive ``multipleOf``, unique string ``required`` lists, non-empty ``allOf`` /
+``anyOf`` / ``oneOf``, subschemas that are objects or booleans. ``format`` values are
+not checked (the meta-schemas do not check them either). The same walk collects every
+``$ref``, whether the schema is *plain* (see :class:`Scan`) and its size.
 
-:func:`meta_errors` returns the first problem as ``(message, path)`` or ``None``.
+:func:`scan_schema` returns the :class:`Scan`; :func:`meta_errors` only its first problem.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 import warnings
 from typing import Any
+
+from structgen.constraints.schema.keywords import ANNOTATIONS, ENGINE_FORMATS, KNOWN, NEWER
 
 __all__ = ["Scan", "meta_errors", "scan_schema"]
 
@@ -44,10 +46,8 @@ def _count(x: Any) -> bool:
 
 
 def _ignored() -> dict[int, frozenset[str]]:
-    from structgen.constraints.normalize import _NEWER
-
     old = ("$defs", "dependentSchemas", "dependentRequired", "prefixItems")
-    return {d: frozenset(ks) | (frozenset(old) if d < 2019 else frozenset()) for d, ks in _NEWER.items()}
+    return {d: frozenset(ks) | (frozenset(old) if d < 2019 else frozenset()) for d, ks in NEWER.items()}
 
 
 _IGNORED = _ignored()
@@ -71,7 +71,7 @@ def _regex_ok(pattern: str) -> bool:
 
 
 class _Bad(Exception):
-    def __init__(self, message: str, path: list):
+    def __init__(self, message: str, path: list[Any]):
         self.message = message
         self.path = path
 
@@ -81,13 +81,17 @@ class Scan:
     *plain* -- only keywords the engine enforces exactly with the validator's meaning, so
     normalisation can be skipped."""
 
-    __slots__ = ("plain", "problem", "refs", "sub_ids")
+    __slots__ = ("enum_values", "nodes", "plain", "problem", "refs", "sub_ids", "widest_optional")
 
     def __init__(self, draft: int) -> None:
-        self.problem: tuple[str, list] | None = None
+        self.problem: tuple[str, list[Any]] | None = None
         self.refs: list[str] = []
         self.plain = draft >= 4
         self.sub_ids = False  # an $id below the root (it would move the base of $refs)
+        # size: what compile time grows with (the ladder's limits read these)
+        self.nodes = 0  # schema objects
+        self.widest_optional = 0  # the most optional properties of one object
+        self.enum_values = 0  # enum values, all enums together
 
 
 # keywords llguidance enforces exactly, with the same meaning in drafts 4 .. 2020-12
@@ -98,18 +102,15 @@ _PLAIN = frozenset({
     "maxItems", "anyOf", "format", "title", "description", "default", "examples", "$schema", "$comment",
     "$id", "patternProperties",
 })
-_PLAIN_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6",
-                            "uri", "uuid"})
+_PLAIN_FORMATS = ENGINE_FORMATS
 
 
 def _meaningful() -> frozenset[str]:
     """Keywords some draft's validator or the engine gives a meaning; any other key
     (``x-...``, ``readonly``, ``_format``, ...) is ignored by both, so plainness holds."""
-    from structgen.constraints.normalize import _ANNOTATIONS, _KNOWN
-
     neutral = {"readOnly", "writeOnly", "deprecated", "example", "markdownDescription", "enumDescriptions",
                "deprecationMessage", "definitions", "$defs"}  # (a $ref makes a schema not plain)
-    return (frozenset(_KNOWN) | _ANNOTATIONS | {
+    return (frozenset(KNOWN) | ANNOTATIONS | {
         "$ref", "$dynamicRef", "$recursiveRef", "$vocabulary", "x-guidance", "additionalItems",
         "dependencies", "id"}) - neutral - _PLAIN
 
@@ -123,7 +124,7 @@ _PLAIN_REF = re.compile(r"#(/[A-Za-z0-9_.:$@+-]+)*")
 _REF_SIBLINGS = frozenset({"$ref", "title", "description", "$comment", "default", "examples"})
 
 
-def _plain_ref(s: dict, ref: Any, draft: int) -> bool:
+def _plain_ref(s: dict[str, Any], ref: Any, draft: int) -> bool:
     if not isinstance(ref, str) or _PLAIN_REF.fullmatch(ref) is None:
         return False
     return draft >= 2019 or all(k in _REF_SIBLINGS or (k not in _MEANINGFUL and k not in _PLAIN) for k in s)
@@ -143,12 +144,12 @@ def scan_schema(schema: Any, draft: int) -> Scan:
     return scan
 
 
-def meta_errors(schema: Any, draft: int) -> tuple[str, list] | None:
+def meta_errors(schema: Any, draft: int) -> tuple[str, list[Any]] | None:
     """The first meta-schema violation in ``schema`` (draft 4, 6, 7, 2019 or 2020), or None."""
     return scan_schema(schema, draft).problem
 
 
-def _schema(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
+def _schema(s: Any, draft: int, path: list[Any], depth: int, scan: Scan) -> None:
     if isinstance(s, bool) and draft >= 6:
         return
     if not isinstance(s, dict):
@@ -156,12 +157,19 @@ def _schema(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
     _check(s, draft, path, depth + 1, scan)
 
 
+def _optional(props: dict[str, Any], required: Any) -> int:
+    """How many of ``props`` are optional."""
+    if not isinstance(required, list):
+        return len(props)
+    return len(props) - sum(1 for r in set(map(str, required)) if r in props)
+
+
 def _short(x: Any) -> str:
     r = repr(x)
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
+def _check(s: Any, draft: int, path: list[Any], depth: int, scan: Scan) -> None:
     if depth > 500:
         raise _Bad("schema nested too deeply", path)
     if isinstance(s, bool):
@@ -171,6 +179,7 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
     if not isinstance(s, dict):
         raise _Bad(f"{_short(s)} is not of type 'object', 'boolean'", path)
     ignored = _IGNORED.get(draft, ())
+    scan.nodes += 1
     for k, v in s.items():
         if scan.plain and (k in ignored or k in _MEANINGFUL or (k == "format" and v not in _PLAIN_FORMATS)
                            or (draft <= 4 and k in ("exclusiveMinimum", "exclusiveMaximum"))) \
@@ -194,6 +203,8 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
         elif k in _SCHEMA_MAPS:
             if not isinstance(v, dict):
                 raise _Bad(f"{_short(v)} is not of type 'object'", path + [k])
+            if k == "properties" and len(v) > scan.widest_optional:
+                scan.widest_optional = max(scan.widest_optional, _optional(v, s.get("required")))
             for pk, pv in v.items():
                 _schema(pv, draft, path + [k, pk], depth, scan)
         elif k in _SCHEMA_ONE:
@@ -253,6 +264,7 @@ def _check(s: Any, draft: int, path: list, depth: int, scan: Scan) -> None:
         elif k == "enum":
             if not isinstance(v, list):
                 raise _Bad(f"{_short(v)} is not of type 'array'", path + [k])
+            scan.enum_values += len(v)
             if draft <= 4 and not v:
                 raise _Bad(f"{v!r} should be non-empty", path + [k])
         elif k == "uniqueItems":

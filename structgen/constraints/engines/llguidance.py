@@ -1,6 +1,7 @@
-"""The llguidance constraint engine: specs compiled for a Hugging Face tokenizer.
+"""llguidance as a constraint engine: specs and JSON schemas compiled for a Hugging Face tokenizer.
 
-Usage (what the embedded backend does each decoding step)::
+Usage (what the embedded backend does each decoding step, through the ladder's cached
+compiler)::
 
     from structgen.constraints.compiler import compiler_for
     from structgen.constraints.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace
@@ -18,23 +19,21 @@ Usage (what the embedded backend does each decoding step)::
         if token == compiler.eos_token_id:
             break
 
-Translation: :class:`RegexSpec` -> llguidance regex (``\\w \\W \\s \\S`` rewritten to Python
-``re``'s Unicode meaning, so generated text always passes ``re.fullmatch``);
-:class:`JsonSchemaSpec` -> llguidance JSON grammar, compact (no whitespace between
-tokens) unless ``whitespace="flexible"``; :class:`ChoiceSpec` -> an alternation of string
-literals; :class:`GrammarSpec` -> Lark (llguidance's dialect).
+Translation, one function per spec kind (:data:`GRAMMARS`): :class:`RegexSpec` ->
+llguidance regex (``\\w \\W \\s \\S`` rewritten to Python ``re``'s Unicode meaning, so
+generated text always passes ``re.fullmatch``); :class:`ChoiceSpec` -> an alternation of
+string literals; :class:`GrammarSpec` -> Lark (llguidance's dialect). A JSON schema
+(:meth:`LLGuidanceEngine.compile_schema`) -> llguidance's JSON grammar, compact (no
+whitespace between tokens) unless ``whitespace_flexible``, with the JSON options of
+:data:`JSON_OPTIONS`; the ladder (:mod:`structgen.constraints.ladder`) decides which
+schema and options to try.
 
-A JSON schema is meta-checked, normalised and compiled through the fallback ladder of
-:func:`structgen.constraints.fallback.schema_grammar`: keywords llguidance cannot enforce
-(``uniqueItems``, unknown ``format`` s, lookaround ``pattern`` s) give a looser grammar
-with ``exact = False`` and the reasons in ``warnings``; final validation
-(:mod:`structgen.constraints.validation`) then guards the result.
-
-Error contract: ``compile`` raises :class:`ConstraintError` for malformed specs. A matcher
-never raises on a bad token: :meth:`LLGuidanceMatcher.consume` returns ``False`` and the
-matcher stays in its error state (``error()`` says why; ``rollback`` does not clear it).
-Misuse (a wrong bitmask, rolling back more tokens than consumed) raises
-``ValueError`` / ``TypeError`` / ``IndexError``.
+Error contract: compiling raises :class:`ConstraintError` for malformed specs and
+:class:`~structgen.constraints.base.EngineRefusal` for a schema llguidance cannot
+compile. A matcher never raises on a bad token: :meth:`LLGuidanceMatcher.consume`
+returns ``False`` and the matcher stays in its error state (``error()`` says why;
+``rollback`` does not clear it). Misuse (a wrong bitmask, rolling back more tokens than
+consumed) raises ``ValueError`` / ``TypeError`` / ``IndexError``.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +49,8 @@ import llguidance
 import llguidance.hf
 import numpy as np
 
-from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, Matcher
+from structgen.constraints.base import CompiledConstraint, Engine, EngineRefusal, Matcher, TokenTable
 from structgen.constraints.bitmask import bitmask_words, row_pointer
-from structgen.constraints.fallback import schema_grammar
-from structgen.constraints.schema import prepare_schema, scan_checked
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -61,16 +58,30 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
-from structgen.constraints.xgrammar_engine import XGRAMMAR_RUNG, XGrammarCompiled
 from structgen.errors import ConstraintError
 
-__all__ = ["LLGuidanceCompiled", "LLGuidanceCompiler", "LLGuidanceMatcher", "python_regex_to_rust", "to_grammar"]
+__all__ = [
+    "GRAMMARS",
+    "JSON_OPTIONS",
+    "LLGuidanceCompiled",
+    "LLGuidanceEngine",
+    "LLGuidanceMatcher",
+    "python_regex_to_rust",
+    "to_grammar",
+]
+
+#: the options :meth:`LLGuidanceEngine.compile_schema` reads: llguidance JSON compile
+#: options (``coerce_one_of``: read ``oneOf`` as ``anyOf``; ``lenient``: ignore
+#: unimplemented keywords and unknown formats)
+JSON_OPTIONS = ("whitespace_flexible", "coerce_one_of", "lenient")
+#: how llguidance words a schema no value satisfies
+_UNSATISFIABLE = "Unsatisfiable schema"
 
 
-def _first_line(message: str) -> str:
+def _first_line(message: str, limit: int = 500) -> str:
     """llguidance errors carry a parser-state dump after the first line; keep the reason."""
     head = message.split("\n<state>", 1)[0].strip()
-    return head if len(head) <= 500 else head[:497] + "..."
+    return head if len(head) <= limit else head[:limit - 3] + "..."
 
 
 # --- spec -> llguidance grammar -------------------------------------------------------
@@ -104,7 +115,9 @@ def python_regex_to_rust(pattern: str) -> str:
     return "".join(out)
 
 
-def _regex_grammar(pattern: str) -> str:
+def regex_grammar(spec: RegexSpec) -> str:
+    """A regex constraint as an llguidance grammar (Python ``re`` classes kept)."""
+    pattern = spec.pattern
     try:
         re.compile(pattern)
     except re.error as exc:
@@ -112,22 +125,9 @@ def _regex_grammar(pattern: str) -> str:
     return str(llguidance.LLMatcher.grammar_from_regex(python_regex_to_rust(pattern)))
 
 
-def _json_grammar(spec: JsonSchemaSpec, *, lenient: bool) -> str:
-    try:
-        schema = json.loads(spec.schema)
-    except ValueError as exc:
-        raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
-    schema = prepare_schema(schema)  # the one place schemas are checked and normalised
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
-    options = {"whitespace_flexible": spec.whitespace == "flexible", "lenient": lenient}
-    try:
-        return str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options))  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise ConstraintError(f"cannot compile JSON schema: {exc}", constraint=spec.schema) from exc
-
-
-def _choice_grammar(choices: Sequence[str]) -> str:
+def choice_grammar(spec: ChoiceSpec) -> str:
+    """A choice constraint as an alternation of string literals."""
+    choices = spec.choices
     if not choices:
         raise ConstraintError("choices must not be empty")
     for c in choices:
@@ -145,19 +145,30 @@ def _choice_grammar(choices: Sequence[str]) -> str:
         "start: " + " | ".join(json.dumps(c) for c in dict.fromkeys(choices))))
 
 
-def to_grammar(spec: ConstraintSpec, *, lenient: bool = False) -> str:
-    """The llguidance grammar (JSON text) for ``spec``; not yet validated against a tokenizer."""
-    if isinstance(spec, RegexSpec):
-        return _regex_grammar(spec.pattern)
-    if isinstance(spec, JsonSchemaSpec):
-        return _json_grammar(spec, lenient=lenient)
-    if isinstance(spec, ChoiceSpec):
-        return _choice_grammar(spec.choices)
-    if isinstance(spec, GrammarSpec):
-        if not isinstance(spec.grammar, str) or not spec.grammar.strip():
-            raise ConstraintError("grammar must be a non-empty Lark string")
-        return str(llguidance.LLMatcher.grammar_from_lark(spec.grammar))
-    raise ConstraintError(f"unknown constraint spec {type(spec).__name__}")
+def lark_grammar(spec: GrammarSpec) -> str:
+    """A Lark grammar constraint, as llguidance reads it."""
+    if not isinstance(spec.grammar, str) or not spec.grammar.strip():
+        raise ConstraintError("grammar must be a non-empty Lark string")
+    return str(llguidance.LLMatcher.grammar_from_lark(spec.grammar))
+
+
+#: spec kind -> its translation into an llguidance grammar (JSON schemas go through
+#: :meth:`LLGuidanceEngine.compile_schema`, called by the ladder)
+GRAMMARS: dict[type[Any], Callable[[Any], str]] = {
+    RegexSpec: regex_grammar,
+    ChoiceSpec: choice_grammar,
+    GrammarSpec: lark_grammar,
+}
+
+
+def to_grammar(spec: ConstraintSpec) -> str:
+    """The llguidance grammar (JSON text) for a regex, choice or Lark ``spec``; not yet
+    validated against a tokenizer."""
+    translate = GRAMMARS.get(type(spec))
+    if translate is None:
+        raise ConstraintError(f"no llguidance translation for {getattr(spec, 'kind', type(spec).__name__)} "
+                              "constraints (JSON schemas are compiled through the ladder)")
+    return translate(spec)
 
 
 # --- compiled constraint and matcher ---------------------------------------------------
@@ -287,13 +298,15 @@ class LLGuidanceCompiled(CompiledConstraint):
         return f"LLGuidanceCompiled({self.spec.describe()}, exact={self.exact})"
 
 
-class LLGuidanceCompiler(ConstraintCompiler):
-    """Compiles specs with llguidance for one Hugging Face *fast* tokenizer.
+class LLGuidanceEngine(Engine):
+    """llguidance for one Hugging Face *fast* tokenizer (:class:`~structgen.constraints.base.Engine`).
 
-    Building the llguidance tokenizer takes ~1 s, so make one compiler per tokenizer and
-    share it -- :func:`structgen.constraints.compiler.compiler_for` does that and adds the
-    compile cache. This class itself does not cache.
+    Building the llguidance tokenizer is slow, so make one engine per tokenizer and share
+    it -- :func:`structgen.constraints.compiler.compiler_for` does that and adds the ladder
+    and the compile cache. This class itself does not cache.
     """
+
+    name = "llguidance"
 
     def __init__(self, tokenizer: Any, *, n_vocab: int | None = None, eos_token_id: int | None = None):
         try:
@@ -303,6 +316,8 @@ class LLGuidanceCompiler(ConstraintCompiler):
         size = int(lltok.vocab_size)
         self.hf_tokenizer = tokenizer
         self._vocab = _Vocab(lltok, size, int(lltok.eos_token), bitmask_words(size))
+        self._table: TokenTable | None = None
+        self._table_lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -317,9 +332,20 @@ class LLGuidanceCompiler(ConstraintCompiler):
     def llguidance_tokenizer(self) -> Any:
         return self._vocab.tokenizer
 
-    def compile(self, spec: ConstraintSpec) -> LLGuidanceCompiled | XGrammarCompiled:
-        if isinstance(spec, JsonSchemaSpec):
-            return self._compile_json(spec)
+    def token_table(self) -> TokenTable:
+        """This vocabulary for other engines: the bytes of each token (special tokens
+        empty), EOS, llguidance's tokenization. Built on first use."""
+        with self._table_lock:
+            if self._table is None:
+                lltok = self._vocab.tokenizer
+                tokens = [b"" if lltok.is_special_token(i) else bytes(lltok.decode_bytes([i]))
+                          for i in range(self._vocab.size)]
+                self._table = TokenTable(tokens, self._vocab.eos_token_id,
+                                         lambda text: [int(t) for t in lltok.tokenize_bytes(text)])
+            return self._table
+
+    def compile_spec(self, spec: ConstraintSpec) -> LLGuidanceCompiled:
+        """A regex, choice or Lark spec; :class:`ConstraintError` if malformed."""
         grammar = to_grammar(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._vocab.tokenizer)
         if is_error:
@@ -334,18 +360,23 @@ class LLGuidanceCompiler(ConstraintCompiler):
         return LLGuidanceCompiled(spec, grammar, template, self._vocab,
                                   warnings=[_first_line(m) for m in messages])
 
-    def _compile_json(self, spec: JsonSchemaSpec) -> LLGuidanceCompiled | XGrammarCompiled:
-        """Normalise, then the strictest grammar the engine builds (see
-        :mod:`structgen.constraints.fallback`): looser rungs (``exact=False``) still admit
-        every valid value, and final validation guards the result."""
+    def compile_schema(self, spec: JsonSchemaSpec, schema: Any,
+                       options: Mapping[str, Any]) -> LLGuidanceCompiled:
+        """``schema`` (a dict, or its JSON text) compiled with llguidance's JSON options
+        (:data:`JSON_OPTIONS`); :class:`EngineRefusal` when llguidance cannot."""
+        overrides = {k: bool(options[k]) for k in JSON_OPTIONS if k in options}
         try:
-            schema = json.loads(spec.schema)
-        except ValueError as exc:
-            raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=spec.schema) from exc
-        scan = scan_checked(schema)
-        built = schema_grammar(schema, self._vocab.tokenizer, whitespace_flexible=spec.whitespace == "flexible",
-                               plain=scan.plain, text=spec.schema)
-        if built.rung == XGRAMMAR_RUNG:  # the second engine compiled it (never exact)
-            return XGrammarCompiled(spec, built.matcher, warnings=built.warnings)
-        return LLGuidanceCompiled(spec, built.grammar, built.matcher, self._vocab, exact=built.exact,
-                                  warnings=built.warnings)
+            grammar = str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=overrides))  # type: ignore[arg-type]
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise _refusal(str(exc)) from None
+        # building the matcher validates the grammar: one compile, not two
+        template = llguidance.LLMatcher(self._vocab.tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise _refusal(template.get_error() or "unknown error")
+        return LLGuidanceCompiled(spec, grammar, template, self._vocab,
+                                  warnings=[_first_line(m) for m in template.get_grammar_warnings()])
+
+
+def _refusal(message: str) -> EngineRefusal:
+    reason = _first_line(message, 300)
+    return EngineRefusal(reason, unsatisfiable=reason.startswith(_UNSATISFIABLE))

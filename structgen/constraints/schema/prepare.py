@@ -1,0 +1,80 @@
+"""The one entry point every JSON schema goes through before an engine sees it.
+
+:func:`prepare_schema` parses the schema (JSON text or data), runs the fast meta-schema
+check (:mod:`~structgen.constraints.schema.metacheck`) and refuses references outside
+the document (remote ``$ref`` s are never fetched). It returns a :class:`PreparedSchema`:
+the schema, whether it is *plain* (compiled as given, no normalisation needed), its size,
+and its normalised form, computed on first use only.
+
+The ladder (:mod:`structgen.constraints.ladder`) and the llama.cpp GBNF translation
+both start here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from structgen.constraints.schema.check import DRAFT_NUMBERS, dump_schema, error_path, validator_class
+from structgen.constraints.schema.metacheck import Scan, scan_schema
+from structgen.constraints.schema.normalize import Normalized, normalize_schema
+from structgen.errors import ConstraintError
+
+__all__ = ["PreparedSchema", "prepare_schema"]
+
+
+class PreparedSchema:
+    """A checked schema, ready to compile. Its normalised form is computed once, on demand."""
+
+    def __init__(self, schema: Any, text: str | None, draft: int, scan: Scan):
+        self.schema = schema
+        #: the schema's JSON text when it came as text (engines parse it faster than a dict)
+        self.text = text
+        self.draft = draft
+        #: only keywords the engine enforces exactly with the validator's meaning: the
+        #: schema may be compiled as it is, without normalising
+        self.plain = scan.plain and isinstance(schema, dict)
+        self.nodes = scan.nodes
+        self.widest_optional = scan.widest_optional
+        self.enum_values = scan.enum_values
+        self._normalized: Normalized | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def normalized(self) -> Normalized:
+        """The normalised schema (:func:`~structgen.constraints.schema.normalize.normalize_schema`)."""
+        with self._lock:
+            if self._normalized is None:
+                self._normalized = normalize_schema(self.schema)
+            return self._normalized
+
+
+def prepare_schema(schema: Any) -> PreparedSchema:
+    """Check ``schema`` (JSON text, a dict or a bool) and return it prepared for compiling.
+
+    Raises :class:`ConstraintError` for text that is not JSON, a value that is not a
+    schema, a meta-schema violation (with its JSON path) or a ``$ref`` outside the document.
+    """
+    text = None
+    if isinstance(schema, (str, bytes)):
+        text = schema if isinstance(schema, str) else None
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=str(schema)[:300]) from exc
+    if not isinstance(schema, (dict, bool)):
+        raise ConstraintError("a JSON schema must be an object or a boolean", constraint=dump_schema(schema))
+    cls = validator_class(schema)
+    draft = DRAFT_NUMBERS.get(cls, 2020)
+    scan = scan_schema(schema, draft)
+    if scan.problem is not None:
+        message, path = scan.problem
+        raise ConstraintError(f"malformed JSON schema ({cls.__name__}): {message} at {error_path(path)}",
+                              constraint=dump_schema(schema))
+    for ref in scan.refs:
+        if not ref.startswith("#"):
+            raise ConstraintError(
+                f"$ref {ref!r} points outside the schema; remote references are never fetched "
+                "(inline the referenced schema under $defs)", constraint=dump_schema(schema))
+    return PreparedSchema(schema, text, draft, scan)
