@@ -6,11 +6,14 @@ Every error structgen raises on purpose is a :class:`StructgenError`::
     ├── ProgramError            a program misused the DSL, or failed while running
     ├── ConstraintError         a regex / JSON schema / choice set cannot be compiled
     ├── BackendError            a backend failed; ``retryable`` says whether to try again
-    │   └── CapabilityError     the backend cannot honour a feature (raised before sending)
+    │   ├── CapabilityError     the backend cannot honour a feature (raised before sending)
+    │   ├── DeadlineExceededError  a request's whole time budget ran out (attempts, elapsed, URL)
+    │   └── ResponseTooLargeError  a server's response passed the configured size cap
     └── OutputValidationError   generated text failed parsing or validation
 
 Lower-layer exceptions (httpx, torch, jsonschema, llguidance) are mapped at the
-boundary with ``raise ... from exc`` so the cause stays attached.
+boundary with ``raise ... from exc`` so the cause stays attached. Every message is passed
+through :func:`structgen.redact.redact`: API keys and credential-looking values never show.
 """
 
 from __future__ import annotations
@@ -18,12 +21,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from structgen.redact import redact
+
 __all__ = [
     "BackendError",
     "CapabilityError",
     "ConstraintError",
+    "DeadlineExceededError",
     "OutputValidationError",
     "ProgramError",
+    "ResponseTooLargeError",
     "StructgenError",
 ]
 
@@ -41,10 +48,10 @@ class StructgenError(Exception):
     """Base of every error structgen raises on purpose."""
 
     def __init__(self, message: str, *, program: str | None = None, variable: str | None = None):
-        self.message = message
+        self.message = redact(message)
         self.program = program
         self.variable = variable
-        super().__init__(message + _where(program, variable))
+        super().__init__(self.message + _where(program, variable))
 
     def with_context(self, *, program: str | None = None, variable: str | None = None) -> StructgenError:
         """Fill in the program / variable this error belongs to, if not yet known."""
@@ -52,6 +59,11 @@ class StructgenError(Exception):
         self.variable = self.variable or variable
         self.args = (self.message + _where(self.program, self.variable),)
         return self
+
+    def extend_message(self, text: str) -> StructgenError:
+        """Append ``text`` to the message (kept by :meth:`with_context`, redacted too)."""
+        self.message = redact(self.message + text)
+        return self.with_context()
 
 
 class ProgramError(StructgenError):
@@ -105,6 +117,36 @@ class CapabilityError(BackendError):
         if hint:
             msg += f"; {hint}"
         super().__init__(msg, backend=backend, retryable=False, **kw)
+
+
+class DeadlineExceededError(BackendError):
+    """A request did not complete within its deadline (connect, reads, retries and waits together).
+
+    ``attempts`` is how many times it was sent (0: the budget was spent before it could be),
+    ``elapsed`` the seconds spent, ``deadline`` the budget in seconds, ``url`` where it went.
+    ``retryable`` is true: the server was slow, silent or kept failing transiently, so a
+    later try may succeed -- structgen itself never retries past the deadline, and a caller
+    that tries again gives the new try a fresh deadline.
+    """
+
+    def __init__(self, message: str, *, attempts: int, elapsed: float, deadline: float,
+                 url: str | None = None, **kw: Any):
+        self.attempts = attempts
+        self.elapsed = elapsed
+        self.deadline = deadline
+        self.url = url
+        kw.setdefault("retryable", True)
+        super().__init__(message, **kw)
+
+
+class ResponseTooLargeError(BackendError):
+    """A server's response body passed the configured maximum (``limit`` bytes); not retryable."""
+
+    def __init__(self, message: str, *, limit: int, url: str | None = None, **kw: Any):
+        self.limit = limit
+        self.url = url
+        kw.setdefault("retryable", False)
+        super().__init__(message, **kw)
 
 
 class OutputValidationError(StructgenError):

@@ -3,8 +3,8 @@
 ``python -m llama_cpp.server`` speaks OpenAI routes plus ``grammar`` (GBNF). It has no
 regex field and its schema conversion is loose, so every constraint is sent as structgen's
 own GBNF (:mod:`structgen.backends.llamacpp.gbnf`) and the output is checked afterwards
-against the original constraint (regex full match, schema validation): a value the
-grammar could not pin down exactly (e.g. an integer bound) fails as
+against the original constraint (:func:`~structgen.constraints.validation.validate_output`):
+a value the grammar could not pin down exactly (e.g. an integer bound) fails as
 :class:`~structgen.errors.OutputValidationError` carrying the raw text, never silently.
 
 Grammars in Lark syntax have no GBNF translation here: a capability error. ``select`` is
@@ -13,12 +13,8 @@ a constrained choice (the server computes prompt logprobs only with ``logits_all
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from typing import Any
-
-import jsonschema
 
 from structgen.backends.llamacpp.gbnf import (
     choices_to_gbnf,
@@ -33,8 +29,9 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.constraints.validation import validate_output
 from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
-from structgen.errors import CapabilityError, OutputValidationError
+from structgen.errors import CapabilityError
 
 __all__ = ["LlamaCppBackend", "grammar_for"]
 
@@ -89,26 +86,10 @@ class LlamaCppBackend(OpenAICompatBackend):
             self.constraint_fields(request.constraint)  # untranslatable -> raise before sending
 
     def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
+        """The text, checked against the original constraint by structgen's own final
+        validation (the GBNF may be looser): an OutputValidationError carries the raw text,
+        and a program's ``retries=`` re-samples it."""
         result = super().parse_text(request, body)
-        spec = request.constraint
-        if spec is None:
-            return result
-        truncated = result.finish_reason == "length"
-        prog, var = request.program, request.variable
-        if isinstance(spec, RegexSpec) and re.fullmatch(spec.pattern, result.text) is None:
-            raise OutputValidationError("output does not fully match the regex", raw=result.text,
-                                        errors=[spec.pattern], truncated=truncated, program=prog, variable=var)
-        if isinstance(spec, ChoiceSpec) and result.text not in spec.choices:
-            raise OutputValidationError("output is none of the choices", raw=result.text,
-                                        truncated=truncated, program=prog, variable=var)
-        if isinstance(spec, JsonSchemaSpec):
-            try:
-                value = json.loads(result.text)
-            except ValueError as exc:
-                raise OutputValidationError("output is not valid JSON", raw=result.text,
-                                            errors=[str(exc)], truncated=truncated, program=prog, variable=var) from None
-            errors = [e.message for e in jsonschema.Draft202012Validator(spec.schema_dict).iter_errors(value)]
-            if errors:
-                raise OutputValidationError("output does not satisfy the JSON schema", raw=result.text,
-                                            errors=errors, truncated=truncated, program=prog, variable=var)
+        if request.constraint is not None:
+            validate_output(request.constraint, result.text, truncated=result.finish_reason == "length")
         return result

@@ -24,8 +24,8 @@ from structgen.contract.backend import (
     GenerateResult,
     SamplingParams,
 )
-from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
-from structgen.errors import CapabilityError, OutputValidationError
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
+from structgen.errors import BackendError, CapabilityError, OutputValidationError
 
 __all__ = ["OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]
 
@@ -118,18 +118,26 @@ class OpenAICompatBackend(ServerBackend):
         return msgs
 
     def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
+        """``choices[0]``'s text (a BackendError quoting the body when it is not a string)."""
         choice = require(body, "choices", 0, backend=self.name)
+        if not isinstance(choice, Mapping):
+            raise BackendError(f"unexpected response: choices[0] is not an object: {str(choice)[:200]}",
+                               backend=self.name)
+        meta: dict[str, Any] = {}
         if self.route == "chat":
-            message = choice.get("message") or {}
-            text = message.get("content") or ""
-            meta: dict[str, Any] = {}
+            message = require(choice, "message", backend=self.name)
+            if not isinstance(message, Mapping):
+                raise BackendError(f"unexpected response: choices[0].message is not an object: "
+                                   f"{str(message)[:200]}", backend=self.name)
             if message.get("tool_calls"):
                 meta["tool_calls"] = message["tool_calls"]
             if message.get("refusal"):
                 meta["refusal"] = message["refusal"]
+            # content is null when the model only called tools or refused
+            text = text_field(message.get("content"), field="choices[0].message.content", body=body,
+                              backend=self.name, allow_null=bool(meta))
         else:
-            text = choice.get("text") or ""
-            meta = {}
+            text = text_field(choice.get("text"), field="choices[0].text", body=body, backend=self.name)
         usage = body.get("usage")
         self._count_usage(usage)
         if usage:

@@ -34,7 +34,7 @@ from structgen.contract.backend import (
     SelectRequest,
     SelectResult,
 )
-from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["SGLangBackend", "choice_regex"]
@@ -133,10 +133,15 @@ class SGLangBackend(ServerBackend):
         return payload
 
     def parse_generate(self, request: GenerateRequest, body: Any) -> GenerateResult:
+        """The ``text`` of a ``/generate`` answer (a BackendError quoting the body when it is
+        not a string, or when ``meta_info`` is not an object)."""
         if isinstance(body, list):
-            body = body[0]
-        text = require(body, "text", backend=self.name)
+            body = require(body, 0, backend=self.name)
+        text = text_field(require(body, "text", backend=self.name), field="text", body=body, backend=self.name)
         meta_info = body.get("meta_info") or {}
+        if not isinstance(meta_info, Mapping):
+            raise BackendError(f"unexpected response: meta_info is not an object: {str(meta_info)[:200]}",
+                               backend=self.name)
         fr = meta_info.get("finish_reason")
         if isinstance(fr, Mapping) and fr.get("type") == "abort":
             raise BackendError(f"request aborted by the server: {fr.get('message') or fr}",

@@ -35,7 +35,7 @@ from structgen.constraints.spec import (
     RegexSpec,
 )
 from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
-from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require
+from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError
 
 __all__ = ["TritonBackend"]
@@ -139,8 +139,9 @@ class TritonBackend(ServerBackend):
 
     def parse_generate(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
         text = require(body, "text_output", backend=self.name)
-        if isinstance(text, list):
-            text = text[0] if text else ""
+        if isinstance(text, list) and len(text) == 1:  # a batch of one
+            text = text[0]
+        text = text_field(text, field="text_output", body=body, backend=self.name)
         if self.flavor == "tensorrtllm" and "exclude_input_in_output" not in self.inputs \
                 and request.prompt and text.startswith(request.prompt):
             text = text[len(request.prompt):]  # older ensembles echo the prompt

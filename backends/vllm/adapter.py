@@ -126,7 +126,10 @@ class VLLMBackend(OpenAICompatBackend):
 
     def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
         result = super().parse_text(request, body)
-        lp = body["choices"][0].get("logprobs") if body.get("choices") else None
+        lp = body["choices"][0].get("logprobs")
+        if lp is not None and not isinstance(lp, Mapping):
+            raise BackendError(f"unexpected response: choices[0].logprobs is not an object: {str(lp)[:200]}",
+                               backend=self.name)
         if lp:
             result.meta["output_token_logprobs"] = lp.get("token_logprobs")
             if lp.get("top_logprobs") is not None:

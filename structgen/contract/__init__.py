@@ -5,8 +5,9 @@
 * :mod:`.chat_template` -- role rendering from a tokenizer's own chat template.
 * :mod:`.registry` -- backends found through the ``structgen.backends`` entry points.
 * :mod:`.server` and :mod:`.http` -- the base for HTTP engine adapters: sans-I/O request
-  flows driven sync or async, retries, error mapping (import them explicitly: they need
-  ``httpx``).
+  flows driven sync or async, a deadline per request, retries, a response-size cap
+  (:mod:`.http_config`), error mapping (:mod:`.http_errors`), response reading
+  (:mod:`.responses`). Import them explicitly: they need ``httpx``.
 
 Third-party backends subclass :class:`Backend` (or :class:`~.server.ServerBackend`) and
 register an entry point; see ``backends/README.md``.

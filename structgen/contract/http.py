@@ -1,262 +1,278 @@
-"""Shared HTTP plumbing for engine backends: pooled sync/async httpx clients.
+"""Shared HTTP plumbing for engine backends: pooled httpx clients, one deadline per request.
 
-One :class:`HttpClient` per backend holds an ``httpx.Client`` (thread-safe, used by the
-sync path's worker threads) and an ``httpx.AsyncClient`` (created lazily per event loop).
-Both go through the same sans-I/O pieces:
+Every request is one coroutine under ``asyncio.timeout``: its *deadline* bounds the whole
+call -- connecting, every read, every retry and every ``Retry-After`` wait -- whatever the
+server does (stay silent, send a byte a second). The async API runs it on the caller's
+event loop; the sync API on the client's own event-loop thread, the calling thread
+waiting for the result. Inside the deadline:
 
-- :func:`classify_response` / :func:`classify_exception` map an HTTP status or an httpx
-  exception into :class:`~structgen.errors.BackendError` with ``retryable`` set
-  (connection refused/reset, 429, 502, 503, 504 and timeouts are retryable; the rest not);
-- :class:`RetryPolicy` yields the backoff delays (bounded count, exponential, jittered,
-  ``Retry-After`` honoured up to a cap).
+- ``read_timeout`` still catches one stalled read early; like a refused or reset
+  connection and HTTP 429/502/503/504 it is retryable (:func:`classify_exception`,
+  :func:`classify_response`) and retried while time remains (:class:`RetryPolicy`:
+  bounded, exponential, jittered, ``Retry-After`` honoured up to a cap);
+- the body is read in chunks and refused past ``max_response_bytes``
+  (:class:`~structgen.errors.ResponseTooLargeError`, not retried);
+- failures are :class:`~structgen.errors.BackendError` naming the URL and, after retries,
+  how many attempts were made; running out of time is
+  :class:`~structgen.errors.DeadlineExceededError` (attempts, elapsed, URL).
 
-API keys are only ever placed in the ``Authorization`` header; they never appear in
-``repr``, error messages or logs.
+API keys only ever go into the ``Authorization`` header and are registered with
+:mod:`structgen.redact`, so no message or log line shows them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import concurrent.futures
 import logging
-import random
+import os
 import threading
-import time
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+import weakref
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import httpx
 
-from structgen.errors import BackendError
+from structgen.contract.http_config import (
+    DEFAULT_DEADLINE,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    Deadline,
+    HttpConfig,
+    RetryPolicy,
+)
+from structgen.contract.http_errors import (
+    classify_exception,
+    classify_response,
+    decode_json,
+    final_error,
+    plain,
+)
+from structgen.errors import BackendError, DeadlineExceededError, ResponseTooLargeError
+from structgen.redact import RedactingFilter
 
-__all__ = ["HttpClient", "HttpConfig", "RetryPolicy", "classify_exception", "classify_response"]
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Deadline",
+    "HttpClient",
+    "HttpConfig",
+    "RetryPolicy",
+    "classify_exception",
+    "classify_response",
+]
 
 log = logging.getLogger("structgen.backends.http")
+log.addFilter(RedactingFilter())
 
-RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries with exponential backoff for retryable failures only."""
-
-    max_retries: int = 3
-    backoff_base: float = 0.2
-    backoff_max: float = 5.0
-    retry_after_max: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
-        if self.backoff_base < 0 or self.backoff_max < 0:
-            raise ValueError("backoff times must be >= 0")
-
-    def delay(self, attempt: int, error: BackendError) -> float:
-        """Seconds to wait before retry number ``attempt`` (1-based)."""
-        retry_after = getattr(error, "retry_after", None)
-        if retry_after is not None:
-            return min(float(retry_after), self.retry_after_max)
-        base = min(self.backoff_base * (2 ** (attempt - 1)), self.backoff_max)
-        return base * (0.5 + random.random() / 2)
+#: headers that describe the wire body, not the decoded one kept after reading
+_WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
-@dataclass(frozen=True)
-class HttpConfig:
-    base_url: str
-    api_key: str | None = field(default=None, repr=False)
-    #: seconds to wait for a connection / for the whole response to start and each read
-    connect_timeout: float = 5.0
-    read_timeout: float = 120.0
-    max_connections: int = 64
-    retry: RetryPolicy = RetryPolicy()
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+class _LoopThread:
+    """A private event loop on a daemon thread: where the sync API's requests run."""
 
-    def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, not {self.base_url!r}")
-        if self.connect_timeout <= 0 or self.read_timeout <= 0:
-            raise ValueError("timeouts must be positive")
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be >= 1")
+    def __init__(self, name: str):
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
 
-    def timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(self.read_timeout, connect=self.connect_timeout,
-                             pool=self.read_timeout)
-
-    def all_headers(self) -> dict[str, str]:
-        out = {"Accept": "application/json", **self.headers}
-        if self.api_key:
-            out["Authorization"] = f"Bearer {self.api_key}"
-        return out
-
-
-def _error_detail(response: httpx.Response) -> str:
-    """The server's own error message, from the usual JSON shapes or the text body."""
-    try:
-        body = response.json()
-    except ValueError:
-        text = response.text.strip()
-        return text[:500] if text else response.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-        for key in ("error", "message", "detail"):
-            if body.get(key):
-                val = body[key]
-                return (val if isinstance(val, str) else json.dumps(val))[:500]
-    return json.dumps(body)[:500]
-
-
-def classify_response(response: httpx.Response, *, backend: str, what: str) -> BackendError:
-    """A BackendError for a non-2xx response (retryable for 429/502/503/504)."""
-    status = response.status_code
-    retryable = status in RETRYABLE_STATUS
-    err = BackendError(f"{what} failed with HTTP {status}: {_error_detail(response)}",
-                       backend=backend, retryable=retryable, status=status)
-    ra = response.headers.get("retry-after")
-    if ra is not None:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("a sync HttpClient call from its own event-loop thread would deadlock")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            err.retry_after = max(0.0, float(ra))  # type: ignore[attr-defined]
-        except ValueError:
-            pass
-    return err
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise BackendError("the HTTP client was closed while the request was in flight") from None
+        except BaseException:  # KeyboardInterrupt in the waiting thread: stop the request too
+            future.cancel()
+            raise
 
+    def stop(self, client: httpx.AsyncClient | None) -> None:
+        async def shutdown() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if client is not None:
+                await client.aclose()
 
-def classify_exception(exc: Exception, *, backend: str, what: str) -> BackendError:
-    """A BackendError for an httpx transport failure; the caller chains ``from exc``."""
-    if isinstance(exc, httpx.ConnectTimeout):
-        return BackendError(f"{what}: timed out connecting ({exc})", backend=backend, retryable=True)
-    if isinstance(exc, httpx.TimeoutException):
-        return BackendError(f"{what}: timed out waiting for the server (stalled response; {type(exc).__name__})",
-                            backend=backend, retryable=True)
-    if isinstance(exc, httpx.ConnectError):
-        return BackendError(f"{what}: cannot connect (connection refused?): {exc}",
-                            backend=backend, retryable=True)
-    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
-        return BackendError(f"{what}: connection lost mid-request (server died or reset): "
-                            f"{type(exc).__name__}: {exc}", backend=backend, retryable=True)
-    if isinstance(exc, httpx.HTTPError):
-        return BackendError(f"{what}: {type(exc).__name__}: {exc}", backend=backend, retryable=False)
-    return BackendError(f"{what}: {type(exc).__name__}: {exc}", backend=backend, retryable=False)
-
-
-def _final(err: BackendError, attempts: int, first: BackendError | None) -> BackendError:
-    """The error to raise after ``attempts`` retries, naming the first failure too."""
-    if attempts:
-        note = f" (after {attempts} retr{'y' if attempts == 1 else 'ies'}"
-        if first is not None and first.message != err.message:
-            note += f"; first failure: {first.message}"
-        err.args = (err.args[0] + note + ")",)
-    return err
-
-
-def _decode(response: httpx.Response, *, backend: str, what: str) -> Any:
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise BackendError(f"{what}: server sent a non-JSON body: {response.text[:200]!r}",
-                           backend=backend) from exc
+        if self.loop.is_closed() or threading.current_thread() is self.thread:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(timeout=5)
+        except Exception as exc:  # a stuck close: the daemon thread goes with the process
+            log.debug("closing the HTTP event loop: %s", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 class HttpClient:
-    """Pooled sync + async JSON client with bounded retries. Safe to share across threads."""
+    """Pooled JSON client with a deadline per request and bounded retries; thread-safe.
+
+    ``transport`` / ``async_transport``: an ``httpx.AsyncBaseTransport`` to use instead of
+    the network (``httpx.MockTransport`` in tests); every request, sync or async, runs on
+    an event loop, so a sync-only transport is refused.
+    """
 
     def __init__(self, config: HttpConfig, *, backend: str,
-                 transport: httpx.BaseTransport | None = None,
+                 transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
                  async_transport: httpx.AsyncBaseTransport | None = None):
+        chosen = async_transport if async_transport is not None else transport
+        if chosen is not None and not isinstance(chosen, httpx.AsyncBaseTransport):
+            raise TypeError("the transport must be an httpx.AsyncBaseTransport (e.g. httpx.MockTransport): "
+                            "sync and async requests both run on an event loop")
         self.config = config
         self.backend = backend
-        self._transport = transport
-        self._async_transport = async_transport
+        self._transport: httpx.AsyncBaseTransport | None = chosen
         self._lock = threading.Lock()
-        self._sync: httpx.Client | None = None
-        self._async: dict[int, httpx.AsyncClient] = {}
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = \
+            weakref.WeakKeyDictionary()
+        self._runner: _LoopThread | None = None
         self.requests_sent = 0
         self.retries = 0
 
     def __repr__(self) -> str:
         return f"<HttpClient {self.backend} {self.config.base_url}>"
 
-    def _limits(self) -> httpx.Limits:
-        n = self.config.max_connections
-        return httpx.Limits(max_connections=n, max_keepalive_connections=n)
-
-    @property
-    def sync(self) -> httpx.Client:
+    def _client(self) -> httpx.AsyncClient:
+        """The pooled client of the running event loop (one per loop)."""
+        loop = asyncio.get_running_loop()
         with self._lock:
-            if self._sync is None:
-                self._sync = httpx.Client(base_url=self.config.base_url, timeout=self.config.timeout(),
-                                          headers=self.config.all_headers(), limits=self._limits(),
-                                          transport=self._transport)
-            return self._sync
-
-    def _async_client(self) -> httpx.AsyncClient:
-        loop_id = id(asyncio.get_running_loop())
-        with self._lock:
-            client = self._async.get(loop_id)
+            client = self._clients.get(loop)
             if client is None or client.is_closed:
-                client = httpx.AsyncClient(base_url=self.config.base_url, timeout=self.config.timeout(),
-                                           headers=self.config.all_headers(), limits=self._limits(),
-                                           transport=self._async_transport)
-                self._async[loop_id] = client
+                n = self.config.max_connections
+                client = httpx.AsyncClient(
+                    base_url=self.config.base_url, timeout=self.config.timeout(),
+                    headers=self.config.all_headers(), transport=self._transport,
+                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+                self._clients[loop] = client
             return client
 
-    # -- the retry flow, shared by both shells -------------------------------------------
-    def _flow(self, what: str, retries: int | None) -> Generator[float | None, Any, Any]:
-        """Sans-I/O retry loop. Yields ``None`` to ask for one attempt and receives its
-        outcome (an ``httpx.Response`` or the ``httpx.HTTPError`` it raised); yields a delay
-        in seconds to ask for a pause before the next attempt; returns the decoded body
-        or raises the mapped :class:`BackendError`."""
+    def _loop_thread(self) -> _LoopThread:
+        with self._lock:
+            if self._runner is None or self._runner.pid != os.getpid():
+                self._runner = _LoopThread(f"structgen-http-{self.backend}")
+            return self._runner
+
+    def _budget(self, deadline: float | Deadline | None) -> Deadline:
+        if isinstance(deadline, Deadline):
+            return deadline
+        return Deadline(self.config.deadline if deadline is None else deadline)
+
+    # -- one request: attempts, retries, waits, all inside the deadline -----------------------
+    async def _call(self, method: str, path: str, payload: Any, *, what: str | None, timeout: float | None,
+                    retries: int | None, deadline: float | Deadline | None, decode: bool = True) -> Any:
+        budget = self._budget(deadline)
+        what = what or f"{method} {path}"
+        url = self.config.url(path)
         policy = self.config.retry
         max_retries = policy.max_retries if retries is None else retries
-        attempt = 0
+        client = self._client()
+        kw: dict[str, Any] = {}
+        if timeout is not None:
+            kw["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))
+        attempts = 0
         first: BackendError | None = None
+        last: BackendError | None = None
         while True:
+            remaining = budget.remaining()
+            if remaining <= 0:
+                raise self._expired(what, url, budget, attempts, first, last,
+                                    "the time was spent before it could be sent")
+            attempts += 1
             self.requests_sent += 1
-            outcome = yield None
-            if isinstance(outcome, httpx.HTTPError):
-                err = classify_exception(outcome, backend=self.backend, what=what)
-                cause: BaseException = outcome
-            elif outcome.is_success:
-                return _decode(outcome, backend=self.backend, what=what)
-            else:
-                err = classify_response(outcome, backend=self.backend, what=what)
-                cause = httpx.HTTPStatusError(str(outcome.status_code), request=outcome.request,
-                                              response=outcome)
-            if not err.retryable or attempt >= max_retries:
-                raise _final(err, attempt, first) from cause
-            first = first or err
-            attempt += 1
-            self.retries += 1
-            delay = policy.delay(attempt, err)
-            log.debug("%s: retry %d in %.2fs after: %s", self.backend, attempt, delay, err)
-            yield delay
-
-    def _timeout_kw(self, timeout: float | None) -> dict[str, Any]:
-        if timeout is None:
-            return {}
-        return {"timeout": httpx.Timeout(timeout, connect=min(timeout, self.config.connect_timeout))}
-
-    # -- sync -------------------------------------------------------------------------
-    def request(self, method: str, path: str, payload: Any = None, *, what: str | None = None,
-                timeout: float | None = None, retries: int | None = None) -> Any:
-        """Send one JSON request, retrying retryable failures; return the decoded body."""
-        flow = self._flow(what or f"{method} {path}", retries)
-        kw = self._timeout_kw(timeout)
-        next(flow)
-        while True:
+            cause: BaseException
             try:
-                outcome: Any = self.sync.request(method, path, json=payload, **kw)
+                async with asyncio.timeout(remaining) as scope:
+                    response = await self._send(client, method, path, payload, kw, what=what, url=url)
+            except TimeoutError as exc:
+                if not scope.expired():
+                    raise
+                raise self._expired(what, url, budget, attempts, first, last,
+                                    f"attempt {attempts} was still waiting for the response") from exc
             except httpx.HTTPError as exc:
-                outcome = exc
-            try:
-                delay = flow.send(outcome)
-            except StopIteration as done:
-                return done.value
-            time.sleep(delay)
-            next(flow)
+                err = classify_exception(exc, backend=self.backend, what=what, url=url)
+                cause = exc
+            else:
+                if response.is_success:
+                    if not decode:
+                        return response.text
+                    return decode_json(response, backend=self.backend, what=what, url=url)
+                err = classify_response(response, backend=self.backend, what=what, url=url)
+                cause = httpx.HTTPStatusError(str(response.status_code), request=response.request,
+                                              response=response)
+            if not err.retryable or attempts > max_retries:
+                raise final_error(err, attempts, first, budget.elapsed()) from cause
+            first, last = first or err, err
+            delay = policy.delay(attempts, err)
+            if delay >= budget.remaining():
+                raise self._expired(what, url, budget, attempts, first, last,
+                                    f"a retry would wait {delay:.1f}s more, past the deadline") from cause
+            self.retries += 1
+            log.debug("%s: retry %d in %.2fs after: %s", self.backend, attempts, delay, err)
+            await asyncio.sleep(delay)
+
+    async def _send(self, client: httpx.AsyncClient, method: str, path: str, payload: Any,
+                    kw: dict[str, Any], *, what: str, url: str) -> httpx.Response:
+        """One attempt; the body read in chunks, up to ``max_response_bytes``."""
+        request = client.build_request(method, path, json=payload, **kw)
+        response = await client.send(request, stream=True)
+        cap = self.config.max_response_bytes
+        chunks: list[bytes] = []
+        try:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > cap:
+                raise self._too_large(what, url, f"declares {int(declared):,} bytes")
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise self._too_large(what, url, f"passed {size:,} bytes")
+                chunks.append(chunk)
+        finally:
+            await response.aclose()
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _WIRE_HEADERS]
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks), request=request)
+
+    def _too_large(self, what: str, url: str, detail: str) -> ResponseTooLargeError:
+        cap = self.config.max_response_bytes
+        return ResponseTooLargeError(f"{what}: the response from {url} {detail}, over the limit of "
+                                     f"{cap:,} bytes (max_response_bytes)", limit=cap, url=url,
+                                     backend=self.backend)
+
+    def _expired(self, what: str, url: str, budget: Deadline, attempts: int, first: BackendError | None,
+                 last: BackendError | None, detail: str) -> DeadlineExceededError:
+        elapsed = budget.elapsed()
+        msg = (f"{what}: no complete response from {url} within the {budget.seconds:g}s deadline "
+               f"({attempts} attempt{'' if attempts == 1 else 's'} in {elapsed:.1f}s; {detail}")
+        if last is not None:
+            msg += f"; last failure: {plain(last)}"
+        if first is not None and last is not None and first.message != last.message:
+            msg += f"; first failure: {plain(first)}"
+        return DeadlineExceededError(msg + ")", attempts=attempts, elapsed=elapsed, deadline=budget.seconds,
+                                     url=url, backend=self.backend)
+
+    # -- sync ---------------------------------------------------------------------------------
+    def request(self, method: str, path: str, payload: Any = None, *, what: str | None = None,
+                timeout: float | None = None, retries: int | None = None,
+                deadline: float | Deadline | None = None) -> Any:
+        """Send one JSON request, retrying retryable failures; return the decoded body.
+
+        ``timeout``: seconds for any one read (default ``config.read_timeout``);
+        ``deadline``: seconds (or a shared :class:`Deadline`) for the whole request,
+        retries included (default ``config.deadline``); ``retries``: at most this many.
+        """
+        coro = self._call(method, path, payload, what=what, timeout=timeout, retries=retries,
+                          deadline=deadline)
+        return self._loop_thread().run(coro)
 
     def post(self, path: str, payload: Any, **kw: Any) -> Any:
         return self.request("POST", path, payload, **kw)
@@ -264,58 +280,46 @@ class HttpClient:
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
 
-    def get_text(self, path: str, *, timeout: float | None = None) -> str:
+    def get_text(self, path: str, *, timeout: float | None = None, deadline: float | Deadline | None = None) -> str:
         """GET a text body (e.g. Prometheus ``/metrics``), no retries."""
-        try:
-            response = self.sync.get(path, timeout=timeout or self.config.read_timeout)
-        except httpx.HTTPError as exc:
-            raise classify_exception(exc, backend=self.backend, what=f"GET {path}") from exc
-        if not response.is_success:
-            raise classify_response(response, backend=self.backend, what=f"GET {path}")
-        return response.text
+        coro = self._call("GET", path, None, what=f"GET {path}", timeout=timeout, retries=0,
+                          deadline=deadline, decode=False)
+        return str(self._loop_thread().run(coro))
 
-    # -- async ------------------------------------------------------------------------
-    async def arequest(self, method: str, path: str, payload: Any = None, *,
-                       what: str | None = None, timeout: float | None = None,
-                       retries: int | None = None) -> Any:
-        flow = self._flow(what or f"{method} {path}", retries)
-        kw = self._timeout_kw(timeout)
-        client = self._async_client()
-        next(flow)
-        while True:
-            try:
-                outcome: Any = await client.request(method, path, json=payload, **kw)
-            except httpx.HTTPError as exc:
-                outcome = exc
-            try:
-                delay = flow.send(outcome)
-            except StopIteration as done:
-                return done.value
-            await asyncio.sleep(delay)
-            next(flow)
+    # -- async --------------------------------------------------------------------------------
+    async def arequest(self, method: str, path: str, payload: Any = None, *, what: str | None = None,
+                       timeout: float | None = None, retries: int | None = None,
+                       deadline: float | Deadline | None = None) -> Any:
+        """The async twin of :meth:`request`, on the running event loop."""
+        return await self._call(method, path, payload, what=what, timeout=timeout, retries=retries,
+                                deadline=deadline)
 
     async def apost(self, path: str, payload: Any, **kw: Any) -> Any:
         return await self.arequest("POST", path, payload, **kw)
 
-    # -- lifecycle --------------------------------------------------------------------
+    # -- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
+        """Close every pooled connection; requests still in flight on the sync API fail."""
         with self._lock:
-            if self._sync is not None:
-                self._sync.close()
-                self._sync = None
-            clients = list(self._async.values())
-            self._async.clear()
-        for client in clients:
+            runner, self._runner = self._runner, None
+            clients = list(self._clients.items())
+            self._clients.clear()
+        own: httpx.AsyncClient | None = None
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, client in clients:
             if client.is_closed:
                 continue
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            if loop is not None:
+            if runner is not None and loop is runner.loop:
+                own = client
+            elif loop is running:
                 loop.create_task(client.aclose())
-            else:
-                try:
-                    asyncio.run(client.aclose())
-                except RuntimeError:  # the client's own loop is gone; sockets close with it
-                    pass
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+            elif not loop.is_closed():
+                loop.run_until_complete(client.aclose())
+            # a closed loop's sockets went with it
+        if runner is not None and runner.pid == os.getpid():
+            runner.stop(own)

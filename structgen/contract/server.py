@@ -8,7 +8,11 @@ sync, async and test fakes share one core.
 
 Per request, a failure becomes that request's :class:`~structgen.errors.StructgenError`
 in the result list; the rest of the batch finishes. Capability checks run for the whole
-batch before anything is sent.
+batch before anything is sent. Each request has one deadline (``deadline=`` seconds,
+shared by all the HTTP calls of its flow, retries and waits included): past it, the
+request fails alone with :class:`~structgen.errors.DeadlineExceededError`. A response
+the adapter cannot read (missing fields, non-string text) is a
+:class:`~structgen.errors.BackendError` quoting the body, never a crash in the caller.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import os
 import threading
 from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
 
 import httpx
 
@@ -36,12 +40,23 @@ from structgen.contract.backend import (
     TextCallback,
 )
 from structgen.contract.chat_template import ChatTemplate
-from structgen.contract.http import HttpClient, HttpConfig, RetryPolicy
+from structgen.contract.http import (
+    DEFAULT_DEADLINE,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    Deadline,
+    HttpClient,
+    HttpConfig,
+    RetryPolicy,
+)
+from structgen.contract.responses import describe, finish_reason, require, text_field
 from structgen.errors import BackendError, OutputValidationError, StructgenError
+from structgen.redact import RedactingFilter
 
-__all__ = ["Call", "Flow", "ServerBackend", "common_prefix", "finish_reason", "hf_chat_template", "require"]
+__all__ = ["Call", "Flow", "ServerBackend", "common_prefix", "finish_reason", "hf_chat_template", "require",
+           "text_field"]
 
 log = logging.getLogger("structgen.backends")
+log.addFilter(RedactingFilter())
 
 T = TypeVar("T")
 
@@ -89,7 +104,12 @@ def hf_chat_template(path: str | None) -> ChatTemplate | None:
 
 
 class ServerBackend(Backend):
-    """Base of the HTTP engine backends. Subclasses implement the flows and detection."""
+    """Base of the HTTP engine backends. Subclasses implement the flows and detection.
+
+    ``timeout``: seconds any one read may stall (then retried); ``deadline``: seconds a
+    whole request may take, retries and ``Retry-After`` waits included (settable later as
+    ``backend.deadline``); ``max_response_bytes``: the largest response body accepted.
+    """
 
     name = "server"
     #: the shared prefix of a group is sent once first when at least this long (chars)
@@ -97,13 +117,16 @@ class ServerBackend(Backend):
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0, connect_timeout: float = 5.0, max_retries: int = 3,
-                 backoff: float = 0.2, max_concurrency: int = 32, version: str | None = None,
+                 backoff: float = 0.2, deadline: float = DEFAULT_DEADLINE,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 max_concurrency: int = 32, version: str | None = None,
                  capabilities: Capabilities | None = None, tokenizer: str | None = None,
                  warm_prefix: bool = True, transport: httpx.BaseTransport | None = None,
                  async_transport: httpx.AsyncBaseTransport | None = None):
         self.http = HttpClient(
             HttpConfig(base_url.rstrip("/"), api_key=api_key, read_timeout=timeout,
-                       connect_timeout=connect_timeout, max_connections=max(max_concurrency, 1),
+                       connect_timeout=connect_timeout, deadline=deadline,
+                       max_response_bytes=max_response_bytes, max_connections=max(max_concurrency, 1),
                        retry=RetryPolicy(max_retries=max_retries, backoff_base=backoff)),
             backend=self.name, transport=transport, async_transport=async_transport)
         self.base_url = base_url.rstrip("/")
@@ -120,6 +143,15 @@ class ServerBackend(Backend):
         self._template_loaded = False
         self._stats: dict[str, int] = {"requests": 0, "errors": 0, "warm_prefixes": 0,
                                        "prompt_tokens": 0, "completion_tokens": 0}
+
+    @property
+    def deadline(self) -> float:
+        """Seconds one request may take in all (every HTTP call of its flow, retries, waits)."""
+        return self.http.config.deadline
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        self.http.config = replace(self.http.config, deadline=seconds)  # validated there
 
     # -- detection ----------------------------------------------------------------------
     def _detect(self) -> tuple[str | None, Capabilities]:
@@ -190,22 +222,35 @@ class ServerBackend(Backend):
 
     # -- drivers ----------------------------------------------------------------------------
     def _drive(self, flow: Flow[T]) -> T:
+        budget = Deadline(self.deadline)  # one budget for every call of the flow
         try:
             call = next(flow)
             while True:
-                body = self.http.request(call.method, call.path, call.payload, what=call.what)
+                body = self.http.request(call.method, call.path, call.payload, what=call.what, deadline=budget)
                 call = flow.send(body)
         except StopIteration as stop:
-            return stop.value
+            return cast(T, stop.value)
 
     async def _adrive(self, flow: Flow[T]) -> T:
+        budget = Deadline(self.deadline)
         try:
             call = next(flow)
             while True:
-                body = await self.http.arequest(call.method, call.path, call.payload, what=call.what)
+                body = await self.http.arequest(call.method, call.path, call.payload, what=call.what,
+                                                deadline=budget)
                 call = flow.send(body)
         except StopIteration as stop:
-            return stop.value
+            return cast(T, stop.value)
+
+    def _checked(self, result: Any, kind: type[T]) -> T:
+        """``result`` if it is a well-formed ``kind``; a BackendError otherwise (an adapter bug
+        or a server reply it let through must not surface as a crash in the program)."""
+        if not isinstance(result, kind):
+            raise BackendError(f"adapter returned {type(result).__name__}, not {kind.__name__}", backend=self.name)
+        if isinstance(result, GenerateResult) and not isinstance(result.text, str):
+            raise BackendError(f"unexpected response: the generated text is {describe(result.text)}, "
+                               "not a string", backend=self.name)
+        return result
 
     def _wrap(self, exc: Exception, req: GenerateRequest | SelectRequest) -> StructgenError:
         self._stats["errors"] += 1
@@ -259,7 +304,7 @@ class ServerBackend(Backend):
                  on_text: TextCallback | None) -> GenerateResult | StructgenError:
         self._stats["requests"] += 1
         try:
-            result = self._drive(self._generate_flow(req))
+            result = self._checked(self._drive(self._generate_flow(req)), GenerateResult)
         except Exception as exc:
             return self._wrap(exc, req)
         if on_text is not None and result.text:
@@ -302,7 +347,7 @@ class ServerBackend(Backend):
             async with sem:
                 self._stats["requests"] += 1
                 try:
-                    result = await self._adrive(self._generate_flow(req))
+                    result = self._checked(await self._adrive(self._generate_flow(req)), GenerateResult)
                 except Exception as exc:
                     return self._wrap(exc, req)
             if on_text is not None and result.text:
@@ -314,7 +359,7 @@ class ServerBackend(Backend):
     def _select_one(self, req: SelectRequest) -> SelectResult | StructgenError:
         self._stats["requests"] += 1
         try:
-            return self._drive(self._select_flow(req))
+            return self._checked(self._drive(self._select_flow(req)), SelectResult)
         except Exception as exc:
             return self._wrap(exc, req)
 
@@ -333,17 +378,21 @@ class ServerBackend(Backend):
             async with sem:
                 self._stats["requests"] += 1
                 try:
-                    return await self._adrive(self._select_flow(req))
+                    return self._checked(await self._adrive(self._select_flow(req)), SelectResult)
                 except Exception as exc:
                     return self._wrap(exc, req)
 
         return list(await asyncio.gather(*(one(r) for r in requests)))
 
     # -- bookkeeping ------------------------------------------------------------------------
-    def _count_usage(self, usage: Mapping[str, Any] | None) -> None:
-        if usage:
-            self._stats["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-            self._stats["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+    def _count_usage(self, usage: Any) -> None:
+        """Add a response's token counts; bookkeeping only, so malformed counts are skipped."""
+        if not isinstance(usage, Mapping):
+            return
+        for key in ("prompt_tokens", "completion_tokens"):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                self._stats[key] += value
 
     def stats(self) -> Mapping[str, Any]:
         return {**self._stats, "http_requests": self.http.requests_sent, "retries": self.http.retries}
@@ -356,24 +405,3 @@ class ServerBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.base_url}>"
-
-
-def finish_reason(value: Any) -> str:
-    """Normalize an engine's finish reason to "stop" or "length"."""
-    if isinstance(value, Mapping):
-        value = value.get("type")
-    return "length" if value in ("length", "max_tokens") else "stop"
-
-
-def require(body: Any, *keys: Any, backend: str) -> Any:
-    """``body[k1][k2]...`` or a BackendError naming the missing field."""
-    cur = body
-    for k in keys:
-        try:
-            cur = cur[k]
-        except (KeyError, IndexError, TypeError) as exc:
-            path = "".join(f"[{k!r}]" for k in keys)
-            raise BackendError(f"unexpected response: missing {path} in {str(body)[:200]}",
-                               backend=backend) from exc
-    return cur
-

@@ -143,6 +143,12 @@ class Interpreter:
             raise ProgramError("result delivered with no request pending", program=self.program)
         self._pending = None
         if isinstance(result, BaseException):
+            # an output problem the backend found (e.g. its own check of a server's text):
+            # re-sampled under retries= like one found here
+            if (isinstance(result, OutputValidationError) and isinstance(pending.node, Gen)
+                    and pending.attempt < pending.node.retries):
+                self._retry(pending)
+                return
             self.fail(result, variable=pending.name)
             return
         try:

@@ -6,17 +6,19 @@ No engine needed: httpx.MockTransport and sockets on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
 from structgen.backends.openai import OpenAIBackend
+from structgen.backends.vllm import VLLMBackend
 from structgen.contract.backend import Capabilities, GenerateRequest, SamplingParams
 from structgen.contract.http import HttpClient, HttpConfig, RetryPolicy
 from structgen.errors import BackendError
+from tests.servers.misbehaving import MisbehavingServer
 
 FAST = RetryPolicy(max_retries=3, backoff_base=0.001, backoff_max=0.01)
 
@@ -90,40 +92,17 @@ def test_connection_refused_on_a_real_closed_port():
     with pytest.raises(BackendError) as info:
         client.post("/x", {})
     assert info.value.retryable and "cannot connect" in str(info.value)
+    assert f"http://127.0.0.1:{port}/x" in str(info.value) and "4 attempts" in str(info.value)
     assert isinstance(info.value.__cause__, httpx.ConnectError)
 
 
-def test_stalled_response_times_out(tmp_path):
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])  # accept, read nothing, answer nothing
-            except OSError:
-                pass
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        cfg = HttpConfig(f"http://127.0.0.1:{srv.getsockname()[1]}", read_timeout=0.3,
-                         retry=RetryPolicy(max_retries=1, backoff_base=0.01))
-        t0 = time.monotonic()
+def test_stalled_response_times_out():
+    with MisbehavingServer("silent") as srv:  # accepts, reads, never answers
+        cfg = HttpConfig(srv.url, read_timeout=0.3, retry=RetryPolicy(max_retries=1, backoff_base=0.01))
         with pytest.raises(BackendError) as info:
             HttpClient(cfg, backend="t").post("/x", {})
-        assert time.monotonic() - t0 < 5
-        assert info.value.retryable and "stalled" in str(info.value)
-    finally:
-        stop.set()
-        t.join()
-        for c in held:
-            c.close()
-        srv.close()
+        assert srv.hits == 2
+    assert info.value.retryable and "stalled" in str(info.value) and "2 attempts" in str(info.value)
 
 
 def test_api_key_never_appears_in_repr_or_errors():
@@ -223,4 +202,108 @@ def test_final_error_names_the_first_failure_too():
     with pytest.raises(BackendError) as info:
         _client(handler).post("/x", {})
     msg = str(info.value)
-    assert "cannot connect" in msg and "first failure" in msg and "connection lost mid-request" in msg
+    assert "cannot connect" in msg and "first failure" in msg and "lost mid-request" in msg
+
+
+# -- issue 12: errors name the URL and how many attempts were made -----------------------------
+def test_a_refused_connection_names_the_url_and_the_attempts():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the block ends
+    b = VLLMBackend(f"http://127.0.0.1:{port}", model="m", version="0.32.0", tokenizer="",
+                    max_retries=2, backoff=0.001)
+    [err] = b.generate([GenerateRequest(prompt="x", variable="v")])
+    msg = str(err)
+    assert isinstance(err, BackendError) and err.retryable and err.variable == "v"
+    assert f"http://127.0.0.1:{port}/v1/completions" in msg and "cannot connect" in msg
+    assert "3 attempts" in msg and "2 retries" in msg
+
+
+def test_the_retry_count_survives_the_backend_and_the_program():
+    import structgen as sg
+
+    @sg.program
+    def ask(s):
+        s += "Q: " + sg.gen("answer", max_tokens=4)
+
+    with MisbehavingServer("json", status=503, body={"error": {"message": "overloaded"}}) as srv:
+        b = VLLMBackend(srv.url, model="m", version="0.32.0", tokenizer="", max_retries=3, backoff=0.001)
+        with pytest.raises(BackendError) as info:
+            ask.run(backend=b)
+        hits = srv.hits
+    msg = str(info.value)
+    assert hits == 4 and "4 attempts" in msg and "3 retries" in msg and "overloaded" in msg
+    assert info.value.variable == "answer" and info.value.status == 503
+
+
+# -- issue 13 item 10: no API key in any message or log ------------------------------------------
+SECRET = "sk-proj-Zx81Kq0wPp3LmN5rT7vY9"
+
+
+def _echo(payload, headers):
+    """A server that quotes the credentials it was sent back in its error message."""
+    return {"error": {"message": f"invalid credentials: Authorization: {headers.get('authorization')}; "
+                                 f"api_key={SECRET}; key {SECRET}; raw {SECRET.upper()}"}}
+
+
+@pytest.mark.parametrize("status", [401, 503])
+def test_an_echoed_api_key_is_redacted_from_errors_and_logs(status, caplog):
+    caplog.set_level(logging.DEBUG, logger="structgen")
+    with MisbehavingServer("json", status=status, body=_echo) as srv:
+        b = VLLMBackend(srv.url, model="m", version="0.32.0", tokenizer="", api_key=SECRET,
+                        max_retries=1, backoff=0.001)
+        [err] = b.generate([GenerateRequest(prompt="x")])
+        seen = srv.requests[0][2]["authorization"]
+    assert seen == f"Bearer {SECRET}"  # the key was sent, where it belongs
+    shown = [str(err), repr(err), err.message, *map(str, err.args),
+             *(r.getMessage() for r in caplog.records)]
+    assert isinstance(err, BackendError) and "invalid credentials" in str(err)
+    for text in shown:
+        assert SECRET not in text and "Zx81Kq0wPp3LmN5rT7vY9" not in text, text
+    assert "[REDACTED]" in str(err)
+    if status == 503:
+        assert any("retry 1" in r.getMessage() for r in caplog.records)  # the retry was logged, redacted
+        assert "2 attempts" in str(err)
+
+
+@pytest.mark.parametrize("text", [
+    "Authorization: Bearer abc.def-ghi_123",
+    '{"authorization": "Basic dXNlcjpwYXNzd29yZA=="}',
+    "got api_key=abcd1234efgh from the query",
+    '{"x-api-key": "k-93kd93kdkd"}',
+    "headers: {'Authorization': 'Token 93kd93kdkd'}",
+    "your key sk-ant-api03-9x8y7z6w5v4u3t is invalid",
+    "GET https://user:hunter22@example.com/v1/models",
+    "bearer 0123456789abcdef",
+    "access_token=ya29.a0AfH6SMBx",
+])
+def test_redact_masks_credential_shapes(text):
+    from structgen.redact import MASK, redact
+
+    out = redact(text)
+    assert MASK in out
+    for secret in ("abc.def-ghi_123", "dXNlcjpwYXNzd29yZA==", "abcd1234efgh", "k-93kd93kdkd", "93kd93kdkd",
+                   "9x8y7z6w5v4u3t", "hunter22", "0123456789abcdef", "ya29.a0AfH6SMBx"):
+        assert secret not in out, out
+
+
+@pytest.mark.parametrize("text", [
+    "prompt_logprobs lacks token 1234 at position 5",
+    'schema {"properties": {"password": {"type": "string"}}}',
+    "vllm generate failed with HTTP 503 from http://127.0.0.1:8000/v1/completions: busy",
+    "the Basic plan",
+])
+def test_redact_leaves_ordinary_text_alone(text):
+    from structgen.redact import redact
+
+    assert redact(text) == text
+
+
+def test_a_registered_key_is_masked_whatever_its_shape():
+    from structgen.redact import redact
+
+    key = "plainkey-7f3a"
+    HttpConfig("http://127.0.0.1:9", api_key=key)
+    assert redact(f"echo {key} and {key}") == "echo [REDACTED] and [REDACTED]"
+    err = BackendError(f"server said {key}", backend="t")
+    assert key not in str(err) and key not in err.message
