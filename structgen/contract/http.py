@@ -159,7 +159,10 @@ class HttpClient:
     def _loop_thread(self) -> _LoopThread:
         with self._lock:
             if self._runner is None or self._runner.pid != os.getpid():
-                self._runner = _LoopThread(f"structgen-http-{self.backend}")
+                runner = self._runner = _LoopThread(f"structgen-http-{self.backend}")
+                # a client dropped without close() does not keep its thread; at exit the
+                # daemon thread simply ends with the process
+                weakref.finalize(self, runner.stop, None).atexit = False
             return self._runner
 
     def _budget(self, deadline: float | Deadline | None) -> Deadline:
