@@ -26,11 +26,14 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import ssl
 import threading
 import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import anyio
+import httpcore  # noqa: F401  (imported here, not inside the first request's deadline)
 import httpx
 
 from structgen.contract.http_config import (
@@ -70,6 +73,23 @@ T = TypeVar("T")
 _WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
+_tls_lock = threading.Lock()
+_tls_verified: ssl.SSLContext | None = None
+
+
+def _tls_context(base_url: str) -> ssl.SSLContext:
+    """The TLS context for a client of ``base_url``: one verifying context per process for
+    ``https://`` (loading the CA bundle once), a bare one for ``http://`` -- never used, as
+    redirects are not followed -- so a first request does not pay for certificates."""
+    global _tls_verified
+    if not base_url.startswith("https://"):
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    with _tls_lock:
+        if _tls_verified is None:
+            _tls_verified = httpx.create_ssl_context()
+        return _tls_verified
+
+
 class _LoopThread:
     """A private event loop on a daemon thread: where the sync API's requests run."""
 
@@ -78,6 +98,8 @@ class _LoopThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.thread.start()
+        # load anyio's asyncio backend now, beside the first request rather than inside it
+        asyncio.run_coroutine_threadsafe(anyio.sleep(0), self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self.thread:
@@ -152,6 +174,7 @@ class HttpClient:
                 client = httpx.AsyncClient(
                     base_url=self.config.base_url, timeout=self.config.timeout(),
                     headers=self.config.all_headers(), transport=self._transport,
+                    verify=_tls_context(self.config.base_url),
                     limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
                 self._clients[loop] = client
             return client

@@ -36,9 +36,13 @@ JSON_BLOCK = b"[" + b"0," * 32767 + b"0]"
 
 @dataclass(frozen=True)
 class Act:
-    """Returned by a ``json`` body callable: act as ``mode`` for this request."""
+    """Returned by a ``json`` body callable: act as ``mode`` for this request (for ``"json"``:
+    answer ``status`` with ``body`` and ``headers``)."""
 
     mode: str
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] | None = None
 
 
 class MisbehavingServer:
@@ -161,10 +165,11 @@ class MisbehavingServer:
         conn.settimeout(None)
         mode = self.paths.get(req[1], self.mode)
         body: Any = None
+        status, extra = self.status, None
         if mode == "json":
             body = self.body(req[3], req[2]) if callable(self.body) else self.body
             if isinstance(body, Act):
-                mode = body.mode
+                mode, status, extra, body = body.mode, body.status, body.headers, body.body
         if mode == "silent":
             self._stop.wait()
             return False
@@ -186,7 +191,7 @@ class MisbehavingServer:
         if self.delay and self._stop.wait(self.delay):
             return False
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        conn.sendall(self._head(self.status, len(raw)) + raw)
+        conn.sendall(self._head(status, len(raw), extra=extra) + raw)
         return True
 
     def _head(self, status: int, length: int | None, *, extra: dict[str, str] | None = None) -> bytes:
