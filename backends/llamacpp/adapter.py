@@ -14,6 +14,7 @@ a constrained choice (the server computes prompt logprobs only with ``logits_all
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from structgen.backends.llamacpp.gbnf import (
@@ -22,6 +23,7 @@ from structgen.backends.llamacpp.gbnf import (
     regex_to_gbnf,
 )
 from structgen.backends.openai.adapter import OpenAICompatBackend
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -33,21 +35,35 @@ from structgen.constraints.validation import validate_output
 from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.errors import CapabilityError
 
-__all__ = ["LlamaCppBackend", "grammar_for"]
+__all__ = ["GBNF", "LlamaCppBackend", "grammar_for"]
+
+#: spec class -> llama.cpp GBNF grammar text (context: an object with ``name``/``version``)
+GBNF: Translations[str] = Translations("llamacpp")
+
+
+@GBNF.register(RegexSpec)
+def _regex_gbnf(spec: RegexSpec, ctx: Any) -> str:
+    return regex_to_gbnf(spec.pattern)
+
+
+@GBNF.register(JsonSchemaSpec)
+def _json_gbnf(spec: JsonSchemaSpec, ctx: Any) -> str:
+    return json_schema_to_gbnf(spec.schema_dict)
+
+
+@GBNF.register(ChoiceSpec)
+def _choice_gbnf(spec: ChoiceSpec, ctx: Any) -> str:
+    return choices_to_gbnf(spec.choices)
+
+
+@GBNF.register(GrammarSpec)
+def _lark_gbnf(spec: GrammarSpec, ctx: Any) -> str:
+    raise CapabilityError("Lark grammar constraints", backend=ctx.name, version=ctx.version,
+                          hint="llama.cpp reads GBNF only")
 
 
 def grammar_for(spec: ConstraintSpec, *, backend: str = "llamacpp", version: str | None = None) -> str:
-    if isinstance(spec, RegexSpec):
-        return regex_to_gbnf(spec.pattern)
-    if isinstance(spec, JsonSchemaSpec):
-        return json_schema_to_gbnf(spec.schema_dict)
-    if isinstance(spec, ChoiceSpec):
-        return choices_to_gbnf(spec.choices)
-    if isinstance(spec, GrammarSpec):
-        raise CapabilityError("Lark grammar constraints", backend=backend, version=version,
-                              hint="llama.cpp reads GBNF only")
-    raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints", backend=backend,
-                          version=version)
+    return GBNF(spec, SimpleNamespace(name=backend, version=version))
 
 
 class LlamaCppBackend(OpenAICompatBackend):
@@ -75,7 +91,7 @@ class LlamaCppBackend(OpenAICompatBackend):
     def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
         grammar = self._grammar_cache.get(spec)
         if grammar is None:
-            grammar = grammar_for(spec, backend=self.name, version=self.version)
+            grammar = GBNF(spec, self)
             if len(self._grammar_cache) < 256:
                 self._grammar_cache[spec] = grammar
         return {"grammar": grammar}

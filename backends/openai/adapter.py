@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, JsonSchemaSpec
 from structgen.contract.backend import (
     Capabilities,
@@ -27,7 +28,7 @@ from structgen.contract.backend import (
 from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError, OutputValidationError
 
-__all__ = ["OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]
+__all__ = ["ANSWERS", "FIELDS", "OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]
 
 #: structgen SamplingParams name -> OpenAI request field
 _OPENAI_NAMES = {
@@ -198,29 +199,50 @@ class OpenAIBackend(OpenAICompatBackend):
                                   hint="OpenAI chat routes start a fresh assistant message")
 
     def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
-        if isinstance(spec, JsonSchemaSpec):
-            schema = spec.schema_dict
-            name = getattr(spec.model, "__name__", None) or "output"
-            return {"response_format": {"type": "json_schema", "json_schema": {
-                "name": "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name)[:64],
-                "schema": schema, "strict": True}}}
-        if isinstance(spec, ChoiceSpec):
-            return {"response_format": {"type": "json_schema", "json_schema": {
-                "name": "choice", "schema": _strict_choice_schema(spec.choices), "strict": True}}}
-        raise CapabilityError(f"{spec.kind} constraints", backend=self.name, version=self.version)
+        return FIELDS(spec, self)
 
     def parse_text(self, request: GenerateRequest, body: Mapping[str, Any]) -> GenerateResult:
         result = super().parse_text(request, body)
-        if isinstance(request.constraint, ChoiceSpec):
-            try:
-                value = json.loads(result.text)["choice"]
-            except (ValueError, KeyError, TypeError):
-                raise OutputValidationError("choice answer is not the expected JSON object",
-                                            raw=result.text, truncated=result.finish_reason == "length",
-                                            program=request.program, variable=request.variable) from None
-            if value not in request.constraint.choices:
-                raise OutputValidationError("choice answer is none of the choices", raw=result.text,
-                                            program=request.program, variable=request.variable)
-            result.meta["raw"] = result.text
-            result.text = value
+        if request.constraint is not None:
+            unwrap = ANSWERS.handler(request.constraint)
+            if unwrap is not None:
+                unwrap(request.constraint, request, result)
         return result
+
+
+# -- constraint translation, one entry per kind (structgen.constraints.kind) -------------------
+
+#: spec class -> the ``response_format`` of an OpenAI chat request (strict JSON schema)
+FIELDS: Translations[dict[str, Any]] = Translations("openai")
+#: spec class -> how the answer comes back when a kind is sent as something else (a
+#: choice travels as a one-key JSON object): rewrites the result in place
+ANSWERS: Translations[None] = Translations("openai answers")
+
+
+@FIELDS.register(JsonSchemaSpec)
+def _json_fields(spec: JsonSchemaSpec, backend: OpenAIBackend) -> dict[str, Any]:
+    name = getattr(spec.model, "__name__", None) or "output"
+    return {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name)[:64],
+        "schema": spec.schema_dict, "strict": True}}}
+
+
+@FIELDS.register(ChoiceSpec)
+def _choice_fields(spec: ChoiceSpec, backend: OpenAIBackend) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "choice", "schema": _strict_choice_schema(spec.choices), "strict": True}}}
+
+
+@ANSWERS.register(ChoiceSpec)
+def _choice_answer(spec: ChoiceSpec, request: GenerateRequest, result: GenerateResult) -> None:
+    try:
+        value = json.loads(result.text)["choice"]
+    except (ValueError, KeyError, TypeError):
+        raise OutputValidationError("choice answer is not the expected JSON object",
+                                    raw=result.text, truncated=result.finish_reason == "length",
+                                    program=request.program, variable=request.variable) from None
+    if value not in spec.choices:
+        raise OutputValidationError("choice answer is none of the choices", raw=result.text,
+                                    program=request.program, variable=request.variable)
+    result.meta["raw"] = result.text
+    result.text = value

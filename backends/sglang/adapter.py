@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -37,7 +38,7 @@ from structgen.contract.backend import (
 from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError
 
-__all__ = ["SGLangBackend", "choice_regex"]
+__all__ = ["FIELDS", "SGLangBackend", "choice_regex"]
 
 _SAMPLING = {
     "max_new_tokens": "max_new_tokens", "min_new_tokens": "min_new_tokens", "stop": "stop",
@@ -95,20 +96,7 @@ class SGLangBackend(ServerBackend):
 
     # -- translation ------------------------------------------------------------------
     def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
-        if isinstance(spec, JsonSchemaSpec):
-            return {"json_schema": spec.schema}
-        if isinstance(spec, RegexSpec):
-            return {"regex": spec.pattern}
-        if isinstance(spec, ChoiceSpec):
-            return {"regex": choice_regex(spec.choices)}
-        if isinstance(spec, GrammarSpec):
-            if self.grammar_backend != "llguidance":
-                raise CapabilityError("Lark grammar constraints", backend=self.name, version=self.version,
-                                      hint=f"grammar backend {self.grammar_backend!r} reads GGML BNF; "
-                                           "start the server with --grammar-backend llguidance")
-            return {"ebnf": spec.grammar}
-        raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints",
-                              backend=self.name, version=self.version)
+        return FIELDS(spec, self)
 
     def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
         p = request.params
@@ -193,3 +181,33 @@ class SGLangBackend(ServerBackend):
         return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond,
                             meta={"prompt_tokens": prompt_len})
 
+
+
+# -- constraint translation, one entry per kind (structgen.constraints.kind) -------------------
+
+#: spec class -> ``sampling_params`` fields of SGLang's native ``/generate``
+FIELDS: Translations[dict[str, Any]] = Translations("sglang")
+
+
+@FIELDS.register(JsonSchemaSpec)
+def _json_fields(spec: JsonSchemaSpec, backend: SGLangBackend) -> dict[str, Any]:
+    return {"json_schema": spec.schema}
+
+
+@FIELDS.register(RegexSpec)
+def _regex_fields(spec: RegexSpec, backend: SGLangBackend) -> dict[str, Any]:
+    return {"regex": spec.pattern}
+
+
+@FIELDS.register(ChoiceSpec)
+def _choice_fields(spec: ChoiceSpec, backend: SGLangBackend) -> dict[str, Any]:
+    return {"regex": choice_regex(spec.choices)}
+
+
+@FIELDS.register(GrammarSpec)
+def _grammar_fields(spec: GrammarSpec, backend: SGLangBackend) -> dict[str, Any]:
+    if backend.grammar_backend != "llguidance":
+        raise CapabilityError("Lark grammar constraints", backend=backend.name, version=backend.version,
+                              hint=f"grammar backend {backend.grammar_backend!r} reads GGML BNF; "
+                                   "start the server with --grammar-backend llguidance")
+    return {"ebnf": spec.grammar}

@@ -27,10 +27,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from structgen.backends.sglang.adapter import choice_regex
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
-    GrammarSpec,
     JsonSchemaSpec,
     RegexSpec,
 )
@@ -38,7 +38,7 @@ from structgen.contract.backend import Capabilities, GenerateRequest, GenerateRe
 from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError
 
-__all__ = ["TritonBackend"]
+__all__ = ["GUIDES", "GUIDED_DECODING", "TritonBackend"]
 
 FLAVORS = ("tensorrtllm", "vllm")
 _TRT_SAMPLING = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k",
@@ -95,15 +95,11 @@ class TritonBackend(ServerBackend):
     # -- translation ------------------------------------------------------------------
     def guide(self, spec: ConstraintSpec) -> tuple[str, str]:
         """(guide type, guide text) for the TensorRT-LLM flavour."""
-        if isinstance(spec, JsonSchemaSpec):
-            return "json_schema", spec.schema
-        if isinstance(spec, RegexSpec):
-            return "regex", spec.pattern
-        if isinstance(spec, ChoiceSpec):
-            return "regex", choice_regex(spec.choices)
-        raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints",
-                              backend=self.name, version=self.version,
-                              hint="Triton's TensorRT-LLM backend takes EBNF (xgrammar), not Lark")
+        return GUIDES(spec, self)
+
+    def translate(self, spec: ConstraintSpec) -> Any:
+        """The flavour's translation of ``spec``; CapabilityError when it has none."""
+        return GUIDED_DECODING(spec, self) if self.flavor == "vllm" else GUIDES(spec, self)
 
     def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
         p = request.params
@@ -113,16 +109,8 @@ class TritonBackend(ServerBackend):
             for name in p.set_fields() & caps.sampling:
                 value = getattr(p, name)
                 sp[_VLLM_SAMPLING[name]] = list(value) if isinstance(value, tuple) else value
-            spec = request.constraint
-            if spec is not None:
-                if isinstance(spec, JsonSchemaSpec):
-                    sp["guided_decoding"] = {"json": spec.schema_dict}
-                elif isinstance(spec, RegexSpec):
-                    sp["guided_decoding"] = {"regex": spec.pattern}
-                elif isinstance(spec, ChoiceSpec):
-                    sp["guided_decoding"] = {"choice": list(spec.choices)}
-                else:
-                    raise CapabilityError(f"{spec.kind} constraints", backend=self.name, version=self.version)
+            if request.constraint is not None:
+                sp["guided_decoding"] = GUIDED_DECODING(request.constraint, self)
             return {"text_input": request.prompt, "stream": False, "exclude_input_in_output": True,
                     "sampling_parameters": json.dumps(sp)}
         payload: dict[str, Any] = {"text_input": request.prompt}
@@ -158,5 +146,49 @@ class TritonBackend(ServerBackend):
 
     def check_generate(self, request: GenerateRequest) -> None:
         super().check_generate(request)
-        if isinstance(request.constraint, GrammarSpec):
-            self.guide(request.constraint)
+        if request.constraint is not None:
+            self.translate(request.constraint)  # untranslatable -> raise before sending
+
+
+# -- constraint translation, one entry per kind (structgen.constraints.kind) -------------------
+
+
+def _no_lark(spec: ConstraintSpec, backend: Any, what: str) -> CapabilityError:
+    return CapabilityError(f"{spec.kind} constraints", backend=backend.name, version=backend.version,
+                           hint="Triton's TensorRT-LLM backend takes EBNF (xgrammar), not Lark")
+
+
+#: TensorRT-LLM flavour: spec class -> (``guided_decoding_guide_type``, ``guided_decoding_guide``)
+GUIDES: Translations[tuple[str, str]] = Translations("triton tensorrtllm", missing=_no_lark)
+#: vLLM flavour: spec class -> the ``guided_decoding`` object of ``sampling_parameters``
+GUIDED_DECODING: Translations[dict[str, Any]] = Translations("triton vllm")
+
+
+@GUIDES.register(JsonSchemaSpec)
+def _json_guide(spec: JsonSchemaSpec, backend: TritonBackend) -> tuple[str, str]:
+    return "json_schema", spec.schema
+
+
+@GUIDES.register(RegexSpec)
+def _regex_guide(spec: RegexSpec, backend: TritonBackend) -> tuple[str, str]:
+    return "regex", spec.pattern
+
+
+@GUIDES.register(ChoiceSpec)
+def _choice_guide(spec: ChoiceSpec, backend: TritonBackend) -> tuple[str, str]:
+    return "regex", choice_regex(spec.choices)
+
+
+@GUIDED_DECODING.register(JsonSchemaSpec)
+def _json_guided(spec: JsonSchemaSpec, backend: TritonBackend) -> dict[str, Any]:
+    return {"json": spec.schema_dict}
+
+
+@GUIDED_DECODING.register(RegexSpec)
+def _regex_guided(spec: RegexSpec, backend: TritonBackend) -> dict[str, Any]:
+    return {"regex": spec.pattern}
+
+
+@GUIDED_DECODING.register(ChoiceSpec)
+def _choice_guided(spec: ChoiceSpec, backend: TritonBackend) -> dict[str, Any]:
+    return {"choice": list(spec.choices)}

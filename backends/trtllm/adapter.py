@@ -23,11 +23,14 @@ Unverified against a live engine here (no installable wheel): see ``gpu_check.sh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from structgen.backends.openai.adapter import OpenAICompatBackend
 from structgen.backends.sglang.adapter import choice_regex
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -38,25 +41,50 @@ from structgen.constraints.spec import (
 from structgen.contract.backend import Capabilities
 from structgen.errors import BackendError, CapabilityError
 
-__all__ = ["TRTLLMBackend", "llm_api_guided_kwargs"]
+__all__ = ["GUIDED", "TRTLLMBackend", "llm_api_guided_kwargs"]
 
 GUIDED_BACKENDS = ("xgrammar", "llguidance")
 
 
+#: spec class -> ``GuidedDecodingParams`` keyword arguments; the context has the
+#: ``guided_decoding_backend`` (``"xgrammar"`` / ``"llguidance"``), ``name`` and ``version``
+GUIDED: Translations[dict[str, Any]] = Translations("trtllm")
+
+
+@GUIDED.register(JsonSchemaSpec)
+def _json_guide(spec: JsonSchemaSpec, ctx: Any) -> dict[str, Any]:
+    return {"json": spec.schema}
+
+
+@GUIDED.register(RegexSpec)
+def _regex_guide(spec: RegexSpec, ctx: Any) -> dict[str, Any]:
+    return {"regex": spec.pattern}
+
+
+@GUIDED.register(ChoiceSpec)
+def _choice_guide(spec: ChoiceSpec, ctx: Any) -> dict[str, Any]:
+    return {"regex": choice_regex(spec.choices)}
+
+
+@GUIDED.register(GrammarSpec)
+def _grammar_guide(spec: GrammarSpec, ctx: Any) -> dict[str, Any]:
+    if ctx.guided_decoding_backend != "llguidance":
+        raise CapabilityError("Lark grammar constraints", backend=ctx.name, version=ctx.version,
+                              hint="xgrammar reads EBNF; use guided_decoding_backend: llguidance")
+    return {"grammar": spec.grammar}
+
+
 def llm_api_guided_kwargs(spec: ConstraintSpec, *, guided_decoding_backend: str = "xgrammar") -> dict[str, Any]:
     """Keyword arguments for ``tensorrt_llm.llmapi.GuidedDecodingParams`` for ``spec``."""
-    if isinstance(spec, JsonSchemaSpec):
-        return {"json": spec.schema}
-    if isinstance(spec, RegexSpec):
-        return {"regex": spec.pattern}
-    if isinstance(spec, ChoiceSpec):
-        return {"regex": choice_regex(spec.choices)}
-    if isinstance(spec, GrammarSpec):
-        if guided_decoding_backend != "llguidance":
-            raise CapabilityError("Lark grammar constraints", backend="trtllm",
-                                  hint="xgrammar reads EBNF; use guided_decoding_backend: llguidance")
-        return {"grammar": spec.grammar}
-    raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints", backend="trtllm")
+    return GUIDED(spec, SimpleNamespace(name="trtllm", version=None, guided_decoding_backend=guided_decoding_backend))
+
+
+#: ``GuidedDecodingParams`` keyword -> the server's ``response_format`` for it
+_RESPONSE_FORMAT: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "json": lambda v: {"type": "json", "schema": json.loads(v)},
+    "regex": lambda v: {"type": "regex", "regex": v},
+    "grammar": lambda v: {"type": "ebnf", "ebnf": v},
+}
 
 
 class TRTLLMBackend(OpenAICompatBackend):
@@ -95,14 +123,5 @@ class TRTLLMBackend(OpenAICompatBackend):
         if self.guided_decoding_backend is None:
             raise CapabilityError(f"{spec.kind} constraints", backend=self.name, version=self.version,
                                   hint="the server has no guided_decoding_backend")
-        if isinstance(spec, JsonSchemaSpec):
-            return {"response_format": {"type": "json", "schema": spec.schema_dict}}
-        if isinstance(spec, RegexSpec):
-            return {"response_format": {"type": "regex", "regex": spec.pattern}}
-        if isinstance(spec, ChoiceSpec):
-            return {"response_format": {"type": "regex", "regex": choice_regex(spec.choices)}}
-        if isinstance(spec, GrammarSpec):
-            kw = llm_api_guided_kwargs(spec, guided_decoding_backend=self.guided_decoding_backend)
-            return {"response_format": {"type": "ebnf", "ebnf": kw["grammar"]}}
-        raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints",
-                              backend=self.name, version=self.version)
+        ((key, value),) = GUIDED(spec, self).items()
+        return {"response_format": _RESPONSE_FORMAT[key](value)}

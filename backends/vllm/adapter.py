@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from structgen.backends.openai.adapter import OpenAICompatBackend
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -35,7 +36,7 @@ from structgen.contract.backend import (
 from structgen.contract.server import Call, Flow, require
 from structgen.errors import BackendError, CapabilityError
 
-__all__ = ["VLLMBackend", "parse_version"]
+__all__ = ["FIELDS", "VLLMBackend", "parse_version"]
 
 STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)
 
@@ -91,29 +92,7 @@ class VLLMBackend(OpenAICompatBackend):
         return not v or v >= STRUCTURED_OUTPUTS_SINCE
 
     def constraint_fields(self, spec: ConstraintSpec) -> dict[str, Any]:
-        new = self.structured_outputs
-        if isinstance(spec, JsonSchemaSpec):
-            if new:
-                # whitespace: vLLM reads disable_any_whitespace from the *server* config only
-                # (a per-request value is silently ignored), so it is never sent; the launch
-                # recipe starts the server compact.
-                return {"structured_outputs": {"json": spec.schema_dict}}
-            out: dict[str, Any] = {"guided_json": spec.schema_dict}
-            if spec.whitespace == "compact":
-                out["guided_whitespace_pattern"] = ""
-            return out
-        if isinstance(spec, RegexSpec):
-            return {"structured_outputs": {"regex": spec.pattern}} if new else {"guided_regex": spec.pattern}
-        if isinstance(spec, ChoiceSpec):
-            choices = list(spec.choices)
-            return {"structured_outputs": {"choice": choices}} if new else {"guided_choice": choices}
-        if isinstance(spec, GrammarSpec):
-            if not new:
-                raise CapabilityError("Lark grammar constraints", backend=self.name, version=self.version,
-                                      hint="vLLM before 0.10.2 takes EBNF grammars only")
-            return {"structured_outputs": {"grammar": spec.grammar}}
-        raise CapabilityError(f"{getattr(spec, 'kind', type(spec).__name__)} constraints",
-                              backend=self.name, version=self.version)
+        return FIELDS(spec, self)
 
     def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
         payload = super().build_payload(request)
@@ -190,3 +169,43 @@ class VLLMBackend(OpenAICompatBackend):
             uncond = [self._token_logprobs(e, t, 0)[: len(c)] for e, t, c in zip(entries, tails, cond)]
         return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond,
                             meta={"choice_token_counts": [len(c) for c in cond]})
+
+
+# -- constraint translation, one entry per kind (structgen.constraints.kind) -------------------
+
+#: spec class -> vLLM request fields: ``structured_outputs`` from 0.10.2, ``guided_*`` before
+FIELDS: Translations[dict[str, Any]] = Translations("vllm")
+
+
+@FIELDS.register(JsonSchemaSpec)
+def _json_fields(spec: JsonSchemaSpec, backend: VLLMBackend) -> dict[str, Any]:
+    if backend.structured_outputs:
+        # whitespace: vLLM reads disable_any_whitespace from the *server* config only
+        # (a per-request value is silently ignored), so it is never sent; the launch
+        # recipe starts the server compact.
+        return {"structured_outputs": {"json": spec.schema_dict}}
+    out: dict[str, Any] = {"guided_json": spec.schema_dict}
+    if spec.whitespace == "compact":
+        out["guided_whitespace_pattern"] = ""
+    return out
+
+
+@FIELDS.register(RegexSpec)
+def _regex_fields(spec: RegexSpec, backend: VLLMBackend) -> dict[str, Any]:
+    if backend.structured_outputs:
+        return {"structured_outputs": {"regex": spec.pattern}}
+    return {"guided_regex": spec.pattern}
+
+
+@FIELDS.register(ChoiceSpec)
+def _choice_fields(spec: ChoiceSpec, backend: VLLMBackend) -> dict[str, Any]:
+    choices = list(spec.choices)
+    return {"structured_outputs": {"choice": choices}} if backend.structured_outputs else {"guided_choice": choices}
+
+
+@FIELDS.register(GrammarSpec)
+def _grammar_fields(spec: GrammarSpec, backend: VLLMBackend) -> dict[str, Any]:
+    if not backend.structured_outputs:
+        raise CapabilityError("Lark grammar constraints", backend=backend.name, version=backend.version,
+                              hint="vLLM before 0.10.2 takes EBNF grammars only")
+    return {"structured_outputs": {"grammar": spec.grammar}}

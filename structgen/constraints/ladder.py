@@ -41,12 +41,13 @@ from typing import Any
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, EngineRefusal
 from structgen.constraints.engines.llguidance import LLGuidanceEngine
 from structgen.constraints.engines.xgrammar import XGrammarEngine, engine_for
+from structgen.constraints.kind import Translations
 from structgen.constraints.schema.loosen import relax, skeleton, top_types
 from structgen.constraints.schema.prepare import prepare_schema
 from structgen.constraints.spec import ConstraintSpec, JsonSchemaSpec
 from structgen.errors import ConstraintError
 
-__all__ = ["RUNGS", "Ladder", "LadderConfig"]
+__all__ = ["COMPILE", "RUNGS", "Ladder", "LadderConfig"]
 
 RUNGS = ("exact", "coerce", "xgrammar", "lenient", "relaxed", "skeleton", "type", "any")
 #: the llguidance rung after which XGrammar is tried. Not right after "exact": "coerce" is
@@ -122,9 +123,7 @@ class Ladder(ConstraintCompiler):
         return self.primary.llguidance_tokenizer
 
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
-        if isinstance(spec, JsonSchemaSpec):
-            return self.compile_schema(spec)
-        return self.primary.compile_spec(spec)
+        return COMPILE(spec, self)
 
     def compile_schema(self, spec: JsonSchemaSpec) -> CompiledConstraint:
         """The strictest constraint the engines build for ``spec`` (see the module docstring).
@@ -199,3 +198,18 @@ class Ladder(ConstraintCompiler):
         """The second engine for this vocabulary (built on first use, XGrammar imported
         then), or ``(None, why)``."""
         return engine_for(self.primary.token_table(), max_abandoned=self.config.xgrammar_max_abandoned)
+
+
+def _compile_by_grammar(spec: ConstraintSpec, ladder: Ladder) -> CompiledConstraint:
+    return ladder.primary.compile_spec(spec)
+
+
+def _compile_schema(spec: JsonSchemaSpec, ladder: Ladder) -> CompiledConstraint:
+    return ladder.compile_schema(spec)
+
+
+#: how a kind is compiled: by the primary engine's grammar translation
+#: (:data:`~structgen.constraints.engines.llguidance.GRAMMARS`), unless the kind registers
+#: its own path here -- JSON schemas go down the ladder's rungs
+COMPILE: Translations[CompiledConstraint] = Translations("ladder compile", default=_compile_by_grammar)
+COMPILE.register(JsonSchemaSpec)(_compile_schema)

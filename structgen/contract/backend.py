@@ -19,13 +19,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from structgen.constraints.spec import (
-    ChoiceSpec,
-    ConstraintSpec,
-    GrammarSpec,
-    JsonSchemaSpec,
-    RegexSpec,
-)
+from structgen.constraints.kind import kind_of
+from structgen.constraints.spec import ConstraintSpec
 from structgen.contract.chat_template import ChatTemplate
 from structgen.errors import CapabilityError, StructgenError
 
@@ -179,14 +174,6 @@ class SelectResult:
 TextCallback = Callable[[int, str], None]
 
 
-_CONSTRAINT_FEATURE = {
-    RegexSpec: ("regex", "regex constraints"),
-    JsonSchemaSpec: ("json_schema", "JSON schema constraints"),
-    ChoiceSpec: ("choices", "choice constraints"),
-    GrammarSpec: ("grammar", "grammar constraints"),
-}
-
-
 class Backend(ABC):
     """A place programs run: the embedded model, or an engine server.
 
@@ -236,9 +223,9 @@ class Backend(ABC):
         caps = self.capabilities
         c = request.constraint
         if c is not None:
-            attr, feature = _CONSTRAINT_FEATURE[type(c)]
-            if not getattr(caps, attr):
-                raise CapabilityError(feature, backend=self.name, version=self.version,
+            kind = kind_of(c)  # each kind names its Capabilities flag (structgen.constraints.kind)
+            if not getattr(caps, kind.feature, False):
+                raise CapabilityError(kind.description, backend=self.name, version=self.version,
                                       program=request.program, variable=request.variable)
         unsupported = sorted(request.params.set_fields() - caps.sampling)
         if unsupported:

@@ -75,6 +75,7 @@ def gen(
     json_schema: Any = None,
     *,
     whitespace: str = "compact",
+    strict: bool = True,
     retries: int = 0,
 ) -> Expr:
     """Generate into variable ``name``.
@@ -82,7 +83,10 @@ def gen(
     Constraints (at most one): ``regex``, ``json_schema`` (a JSON string, a dict, or a
     pydantic model class -- the typed value is then a model instance), ``dtype``
     (int/float/str/bool), or ``choices`` (which makes this a :func:`select`).
-    ``whitespace``: ``"compact"`` JSON (default) or ``"flexible"``. ``retries``: how many
+    ``whitespace``: ``"compact"`` JSON (default) or ``"flexible"``. ``strict`` (default):
+    objects of the schema that declare ``properties`` and say nothing about other keys
+    allow only those keys (``additionalProperties: false``); ``strict=False`` keeps JSON
+    Schema's open default, where the model may add keys. ``retries``: how many
     times to re-sample when the output fails validation (e.g. cut short by max_tokens).
     Malformed constraints raise :class:`ConstraintError` here, before anything runs.
     """
@@ -95,7 +99,7 @@ def gen(
     if regex is not None:
         constraint = regex_spec(regex)
     elif json_schema is not None:
-        constraint = json_schema_spec(json_schema, whitespace=whitespace)  # type: ignore[arg-type]
+        constraint = json_schema_spec(json_schema, whitespace=whitespace, strict=strict)  # type: ignore[arg-type]
     elif dtype is not None:
         constraint = dtype_spec(dtype)
     if not isinstance(retries, int) or retries < 0:

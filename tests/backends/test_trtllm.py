@@ -38,7 +38,8 @@ def backend(**kw) -> tuple[TRTLLMBackend, Recorder]:
 
 
 @pytest.mark.parametrize("spec,rf", [
-    (json_schema_spec(SCHEMA), {"type": "json", "schema": SCHEMA}),
+    # the schema is sent closed, as gen() builds it (no keys beyond "n")
+    (json_schema_spec(SCHEMA), {"type": "json", "schema": {**SCHEMA, "additionalProperties": False}}),
     (RegexSpec(r"[a-z]+"), {"type": "regex", "regex": "[a-z]+"}),
     (ChoiceSpec(("yes", "no")), {"type": "regex", "regex": "(yes|no)"}),
 ])

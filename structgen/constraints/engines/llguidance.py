@@ -51,6 +51,7 @@ import numpy as np
 
 from structgen.constraints.base import CompiledConstraint, Engine, EngineRefusal, Matcher, TokenTable
 from structgen.constraints.bitmask import bitmask_words, row_pointer
+from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
     ConstraintSpec,
@@ -58,6 +59,7 @@ from structgen.constraints.spec import (
     JsonSchemaSpec,
     RegexSpec,
 )
+from structgen.constraints.text_matcher import python_regex_to_rust
 from structgen.errors import ConstraintError
 
 __all__ = [
@@ -86,35 +88,6 @@ def _first_line(message: str, limit: int = 500) -> str:
 
 # --- spec -> llguidance grammar -------------------------------------------------------
 
-_PY_CLASSES = {
-    # Python `re` (str patterns): \w is str.isalnum() or "_" -- letters and numbers, no
-    # combining marks (Rust's \w has marks); \s is str.isspace() -- includes \x1c-\x1f.
-    "w": r"[\p{L}\p{N}_]",
-    "W": r"[^\p{L}\p{N}_]",
-    "s": r"[\s\x1c-\x1f]",
-    "S": r"[^\s\x1c-\x1f]",
-}
-
-
-def python_regex_to_rust(pattern: str) -> str:
-    """Rewrite ``\\w \\W \\s \\S`` (outside and inside classes) to Python's Unicode meaning.
-
-    Rust's regex syntax accepts nested classes, so ``[\\w-]`` becomes ``[[\\p{L}\\p{N}_]-]``.
-    """
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern):
-            nxt = pattern[i + 1]
-            out.append(_PY_CLASSES.get(nxt, ch + nxt))
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
 def regex_grammar(spec: RegexSpec) -> str:
     """A regex constraint as an llguidance grammar (Python ``re`` classes kept)."""
     pattern = spec.pattern
@@ -122,6 +95,8 @@ def regex_grammar(spec: RegexSpec) -> str:
         re.compile(pattern)
     except re.error as exc:
         raise ConstraintError(f"malformed regex: {exc}", constraint=pattern) from exc
+    except (OverflowError, RecursionError) as exc:
+        raise ConstraintError(f"regex cannot be compiled: {type(exc).__name__}", constraint=pattern) from None
     return str(llguidance.LLMatcher.grammar_from_regex(python_regex_to_rust(pattern)))
 
 
@@ -152,23 +127,24 @@ def lark_grammar(spec: GrammarSpec) -> str:
     return str(llguidance.LLMatcher.grammar_from_lark(spec.grammar))
 
 
+def _no_translation(spec: ConstraintSpec, ctx: Any, what: str) -> ConstraintError:
+    return ConstraintError(f"no {what} for {getattr(spec, 'kind', type(spec).__name__)} "
+                           "constraints (JSON schemas are compiled through the ladder)")
+
+
 #: spec kind -> its translation into an llguidance grammar (JSON schemas go through
-#: :meth:`LLGuidanceEngine.compile_schema`, called by the ladder)
-GRAMMARS: dict[type[Any], Callable[[Any], str]] = {
-    RegexSpec: regex_grammar,
-    ChoiceSpec: choice_grammar,
-    GrammarSpec: lark_grammar,
-}
+#: :meth:`LLGuidanceEngine.compile_schema`, called by the ladder). A new constraint kind
+#: registers here (``@GRAMMARS.register(MySpec)``; see :mod:`structgen.constraints.kind`).
+GRAMMARS: Translations[str] = Translations("llguidance translation", missing=_no_translation)
+GRAMMARS.register(RegexSpec)(lambda spec, _ctx: regex_grammar(spec))
+GRAMMARS.register(ChoiceSpec)(lambda spec, _ctx: choice_grammar(spec))
+GRAMMARS.register(GrammarSpec)(lambda spec, _ctx: lark_grammar(spec))
 
 
 def to_grammar(spec: ConstraintSpec) -> str:
     """The llguidance grammar (JSON text) for a regex, choice or Lark ``spec``; not yet
     validated against a tokenizer."""
-    translate = GRAMMARS.get(type(spec))
-    if translate is None:
-        raise ConstraintError(f"no llguidance translation for {getattr(spec, 'kind', type(spec).__name__)} "
-                              "constraints (JSON schemas are compiled through the ladder)")
-    return translate(spec)
+    return GRAMMARS(spec)
 
 
 # --- compiled constraint and matcher ---------------------------------------------------
