@@ -38,7 +38,7 @@ from structgen.contract.backend import Capabilities, GenerateRequest, GenerateRe
 from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError
 
-__all__ = ["GUIDES", "GUIDED_DECODING", "TritonBackend"]
+__all__ = ["GUIDED_DECODING", "GUIDES", "TritonBackend"]
 
 FLAVORS = ("tensorrtllm", "vllm")
 _TRT_SAMPLING = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k",

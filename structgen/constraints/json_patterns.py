@@ -29,7 +29,7 @@ __all__ = ["PATTERN_TIMEOUT_S", "PatternTimeout", "linear_validator_class", "sea
 PATTERN_TIMEOUT_S = 0.25
 
 
-class PatternTimeout(Exception):  # noqa: N818 -- internal signal, mapped to OutputValidationError
+class PatternTimeout(Exception):  # an internal signal, mapped to OutputValidationError
     """A pattern RE2 cannot run did not finish within :data:`PATTERN_TIMEOUT_S`."""
 
     def __init__(self, pattern: str):
@@ -123,4 +123,4 @@ def linear_validator_class(cls: Any) -> Any:
     clones = _linear_keywords()
     replaced = {kw: clones[fn] for kw, fn in cls.VALIDATORS.items() if fn in clones}
     with _lock:
-        return jsonschema.validators.extend(cls, replaced)
+        return jsonschema.validators.extend(cls, replaced)  # type: ignore[no-untyped-call]

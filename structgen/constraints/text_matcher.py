@@ -60,10 +60,11 @@ _CACHE_SIZE = 256
 class _ByteTokens:
     """A vocabulary of the 256 bytes plus EOS, in llguidance's TokenizerWrapper shape."""
 
-    eos_token_id = _EOS
-    bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<|eos|>"]
-    special_token_ids = [_EOS]
+    def __init__(self) -> None:
+        self.eos_token_id = _EOS
+        self.bos_token_id = None
+        self.tokens = [bytes([i]) for i in range(256)] + [b"<|eos|>"]
+        self.special_token_ids = [_EOS]
 
     def __call__(self, text: bytes | str) -> list[int]:
         return list(text if isinstance(text, bytes) else text.encode("utf-8"))

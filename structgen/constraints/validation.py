@@ -154,10 +154,11 @@ def _validator(schema_text: str) -> Any:
         raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=schema_text) from exc
     import referencing
 
-    cls = linear_validator_class(check_schema(schema))  # ConstraintError if the schema is malformed
+    draft: Any = check_schema(schema)  # ConstraintError if the schema is malformed
+    cls = linear_validator_class(draft)
 
     def no_retrieval(uri: str) -> Any:
-        raise referencing.exceptions.NoSuchResource(ref=uri)
+        raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
     registry: Any = referencing.Registry(retrieve=no_retrieval)  # type: ignore[call-arg]
     return cls(schema, registry=registry, format_checker=_format_checker())

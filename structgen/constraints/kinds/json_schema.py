@@ -10,6 +10,7 @@ so generation cannot invent keys. Final validation is
 
 from __future__ import annotations
 
+import functools
 import json
 import reprlib
 from dataclasses import dataclass, field
@@ -161,9 +162,23 @@ def json_schema_spec(schema: Any, *, whitespace: Literal["compact", "flexible"] 
     express (a set, NaN), nesting deeper than :data:`MAX_SCHEMA_DEPTH`, a schema its
     draft's meta-schema rejects, or a remote ``$ref``.
     """
-    model = None
+    if not isinstance(whitespace, str) or whitespace not in ("compact", "flexible"):
+        raise ConstraintError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
+    if not isinstance(strict, bool):
+        raise ConstraintError(f"strict must be True or False, not {strict!r}")
     if _is_pydantic_model(schema):
-        model = schema
+        return _model_spec(schema, whitespace, strict)
+    return _build(schema, None, whitespace, strict)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_spec(model: Any, whitespace: Literal["compact", "flexible"], strict: bool) -> JsonSchemaSpec:
+    """A pydantic model's spec, built once per (model, options): a program body runs per call."""
+    return _build(model, model, whitespace, strict)
+
+
+def _build(schema: Any, model: Any, whitespace: Literal["compact", "flexible"], strict: bool) -> JsonSchemaSpec:
+    if model is not None:
         try:
             schema_obj: Any = schema.model_json_schema()
         except Exception as exc:  # pydantic raises its own errors for unschematisable types
@@ -183,10 +198,6 @@ def json_schema_spec(schema: Any, *, whitespace: Literal["compact", "flexible"] 
             f"json_schema must be a JSON string, a dict or a pydantic model class, not {type(schema).__name__}")
     if not isinstance(schema_obj, (dict, bool)):
         raise ConstraintError("a JSON schema must be an object or a boolean", constraint=_shown(schema_obj))
-    if whitespace not in ("compact", "flexible"):
-        raise ConstraintError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
-    if not isinstance(strict, bool):
-        raise ConstraintError(f"strict must be True or False, not {strict!r}")
     try:
         # Key order is kept, not sorted: the order of "properties" is the order in which
         # constrained decoding generates the fields (e.g. "reasoning" before "answer").
