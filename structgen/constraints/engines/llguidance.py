@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
