@@ -23,7 +23,7 @@ from structgen.constraints.engines import xgrammar as xgrammar_engine
 from structgen.constraints.engines.llguidance import LLGuidanceCompiled
 from structgen.constraints.engines.xgrammar import XGrammarCompiled, XGrammarMatcher
 from structgen.constraints.ladder import RUNGS
-from structgen.constraints.spec import json_schema_spec
+from structgen.constraints.spec import JsonSchemaSpec, json_schema_spec
 from structgen.constraints.validation import validate_output
 from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
 from structgen.errors import OutputValidationError
@@ -283,7 +283,8 @@ def test_an_xgrammar_compile_error_is_a_typed_refusal(compiler):
     engine, why = compiler.ladder.second_engine()
     assert engine is not None, why
     with pytest.raises(EngineRefusal) as info:
-        engine.compile_schema(json_schema_spec({"type": 5}), {"type": 5}, {})
+        # built without json_schema_spec, which refuses the malformed schema itself
+        engine.compile_schema(JsonSchemaSpec('{"type":5}'), {"type": 5}, {})
     assert "Type should be a string" in info.value.reason
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import reprlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -208,6 +210,9 @@ def _build(schema: Any, model: Any, whitespace: Literal["compact", "flexible"], 
     except (TypeError, ValueError) as exc:
         raise ConstraintError(f"json_schema holds a value JSON cannot express: {exc}",
                               constraint=_shown(schema_obj)) from None
+    cached = _checked.get((text, strict))
+    if cached is not None:  # the same schema again (a program body runs once per call)
+        return JsonSchemaSpec(schema=cached, model=model, whitespace=whitespace)
     # fewer brackets than the limit cannot nest deeper than it: walk only the others
     if text.count("{") + text.count("[") > MAX_SCHEMA_DEPTH and _depth(schema_obj) > MAX_SCHEMA_DEPTH:
         raise ConstraintError(f"json_schema is nested deeper than {MAX_SCHEMA_DEPTH} levels",
@@ -218,11 +223,21 @@ def _build(schema: Any, model: Any, whitespace: Literal["compact", "flexible"], 
         prepare_schema(schema_obj)  # the draft's meta-schema rules and the offline rule, in microseconds
     except RecursionError:
         raise ConstraintError("json_schema is nested too deeply to check", constraint=_shown(schema_obj)) from None
+    key = (text, strict)
     if strict:
         closed = close_schema(schema_obj)
         if closed != schema_obj:
             text = json.dumps(closed, separators=(",", ":"), allow_nan=False)
+    with _checked_lock:
+        _checked[key] = text
+        while len(_checked) > 512:
+            _checked.popitem(last=False)
     return JsonSchemaSpec(schema=text, model=model, whitespace=whitespace)
+
+
+#: (schema text as given, strict) -> the checked (and closed) text, most recent last
+_checked: OrderedDict[tuple[str, bool], str] = OrderedDict()
+_checked_lock = threading.Lock()
 
 
 def _shown(value: Any) -> str:
