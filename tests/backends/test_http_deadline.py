@@ -224,3 +224,24 @@ def test_a_spent_budget_fails_before_sending():
         client.close()
         assert srv.hits == 0
     assert info.value.attempts == 0 and isinstance(info.value, BackendError)
+
+
+def test_closing_the_client_fails_its_requests_in_flight_at_once():
+    with MisbehavingServer("silent") as srv:
+        client = _client(srv.url, deadline=60.0)
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: box.setdefault("out", _catch(lambda: client.post("/x", {}))))
+        t.start()
+        while srv.hits == 0:
+            time.sleep(0.01)
+        client.close()
+        t.join(WATCHDOG)
+        assert not t.is_alive()
+    assert isinstance(box["out"], BackendError) and "closed" in str(box["out"])
+
+
+def _catch(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except BaseException as exc:
+        return exc
