@@ -9,6 +9,7 @@ Every error structgen raises on purpose is a :class:`StructgenError`::
     │   ├── CapabilityError     the backend cannot honour a feature (raised before sending)
     │   ├── DeadlineExceededError  a request's whole time budget ran out (attempts, elapsed, URL)
     │   └── ResponseTooLargeError  a server's response passed the configured size cap
+    ├── InputError              an input file or record cannot be read (batch extraction)
     └── OutputValidationError   generated text failed parsing or validation
 
 Lower-layer exceptions (httpx, torch, jsonschema, llguidance) are mapped at the
@@ -28,6 +29,7 @@ __all__ = [
     "CapabilityError",
     "ConstraintError",
     "DeadlineExceededError",
+    "InputError",
     "OutputValidationError",
     "ProgramError",
     "ResponseTooLargeError",
@@ -147,6 +149,17 @@ class ResponseTooLargeError(BackendError):
         self.url = url
         kw.setdefault("retryable", False)
         super().__init__(message, **kw)
+
+
+class InputError(StructgenError):
+    """An input file or record cannot be read: a missing file, a malformed line, a record
+    without its text field. ``source`` names the file and ``where`` the line or row."""
+
+    def __init__(self, message: str, *, source: str | None = None, where: str | None = None, **kw: Any):
+        self.source = source
+        self.where = where
+        loc = ":".join(x for x in (source, where) if x)
+        super().__init__(f"{loc}: {message}" if loc else message, **kw)
 
 
 class OutputValidationError(StructgenError):
