@@ -193,23 +193,46 @@ class EmbeddedBackend(Backend):
                 results.append(err)
         return results
 
-    def _sequence(self, index: int, request: GenerateRequest, on_text: TextCallback | None) -> GenSequence:
+    def _sequence(self, index: int, request: GenerateRequest, on_text: TextCallback | None,
+                  prefix: str = "") -> GenSequence:
         self.check_generate(request)
         compiled = self.compile(request.constraint) if request.constraint is not None else None
         prompt_ids = self.encode(request.prompt) or [self.start_token_id]
+        prefix_ids = self.encode(prefix) if prefix else []
         emit = _emitter(index, on_text) if on_text is not None else None
-        return GenSequence(request, prompt_ids, decode=self._decode, eos_ids=self.eos_token_ids,
-                           vocab=self.vocab_size, compiled=compiled, emit=emit,
-                           token_text=self._token_text)
+        seq = GenSequence(request, prompt_ids + prefix_ids, decode=self._decode, eos_ids=self.eos_token_ids,
+                          vocab=self.vocab_size, compiled=compiled, emit=emit,
+                          token_text=self._token_text)
+        if prefix_ids and (seq.matcher is None or not seq.matcher.consume_many(prefix_ids)):
+            raise ConstraintError(f"the output prefix {prefix[:80]!r} is not valid under the constraint")
+        return seq
 
-    def _generate_batched(self, requests: Sequence[GenerateRequest],
-                          on_text: TextCallback | None) -> list[GenerateResult | StructgenError]:
+    def continue_generate(self, requests: Sequence[GenerateRequest],
+                          prefixes: Sequence[str]) -> list[GenerateResult | StructgenError]:
+        """Like :meth:`generate`, each output continuing a given start: ``prefixes[i]`` follows
+        request i's prompt and its constraint has consumed it, so decoding resumes inside the
+        constrained value (a retry keeping the valid part of a rejected output). A result's
+        text is what follows the prefix."""
+        if len(prefixes) != len(requests):
+            raise ProgramError(f"{len(prefixes)} prefixes for {len(requests)} requests")
+        if self._engine is None:
+            out: list[GenerateResult | StructgenError] = []
+            for i, (request, prefix) in enumerate(zip(requests, prefixes)):
+                try:
+                    out.append(self._generate_one(i, request, None, prefix))
+                except Exception as exc:
+                    out.append(self._as_error(exc, request))
+            return out
+        return self._generate_batched(requests, None, prefixes)
+
+    def _generate_batched(self, requests: Sequence[GenerateRequest], on_text: TextCallback | None,
+                          prefixes: Sequence[str] | None = None) -> list[GenerateResult | StructgenError]:
         """All requests (and those of concurrent callers) decode together in the engine."""
         results: list[GenerateResult | StructgenError | None] = [None] * len(requests)
         seqs: list[tuple[int, GenSequence]] = []
         for i, request in enumerate(requests):
             try:
-                seqs.append((i, self._sequence(i, request, on_text)))
+                seqs.append((i, self._sequence(i, request, on_text, prefixes[i] if prefixes else "")))
             except Exception as exc:
                 results[i] = self._as_error(exc, request)
         engine = self._engine
@@ -240,14 +263,8 @@ class EmbeddedBackend(Backend):
             self._engine.warm(self.encode(prefix))
 
     def _generate_one(self, index: int, request: GenerateRequest,
-                      on_text: TextCallback | None) -> GenerateResult:
-        self.check_generate(request)
-        compiled = self.compile(request.constraint) if request.constraint is not None else None
-        prompt_ids = self.encode(request.prompt) or [self.start_token_id]
-        emit = _emitter(index, on_text) if on_text is not None else None
-        seq = GenSequence(request, prompt_ids, decode=self._decode, eos_ids=self.eos_token_ids,
-                          vocab=self.vocab_size, compiled=compiled, emit=emit,
-                          token_text=self._token_text)
+                      on_text: TextCallback | None, prefix: str = "") -> GenerateResult:
+        seq = self._sequence(index, request, on_text, prefix)
         with self._lock:
             meta = self._decode_loop(seq)
         return seq.result(meta)
