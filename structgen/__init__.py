@@ -5,10 +5,12 @@ Write a program as a Python function over a state ``s``; append prompt text with
 ``choices`` or ``dtype``; ``select`` by log-probabilities; use the tokenizer's own chat
 template through ``system``/``user``/``assistant``; ``fork`` and ``join``; ``run``,
 ``run_batch`` and stream. SGLang frontend programs run with ``import structgen as sgl``.
+``structgen.extract(...)`` (and the ``structgen extract`` command) is batch JSON extraction.
 
 Importing structgen imports no torch, transformers or engine: backends load lazily.
 """
 
+from structgen import extract
 from structgen.constraints.spec import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from structgen.contract.backend import Backend, Capabilities, SamplingParams
 from structgen.contract.registry import (
@@ -22,6 +24,7 @@ from structgen.errors import (
     CapabilityError,
     ConstraintError,
     DeadlineExceededError,
+    InputError,
     OutputValidationError,
     ProgramError,
     ResponseTooLargeError,
@@ -66,6 +69,7 @@ __all__ = [
     "ConstraintError",
     "DeadlineExceededError",
     "ForkGroup",
+    "InputError",
     "OutputValidationError",
     "Program",
     "ProgramError",
@@ -77,6 +81,7 @@ __all__ = [
     "assistant_begin",
     "assistant_end",
     "available_backends",
+    "extract",
     "function",
     "gen",
     "gen_int",

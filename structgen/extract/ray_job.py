@@ -1,0 +1,279 @@
+"""``structgen extract --ray``: the same job as a Ray Data pipeline.
+
+    read_text / read_csv / read_parquet / read_binary_files   (the input, in blocks)
+      -> map_batches(parse)            rows -> records (bad lines become error records)
+      -> map_batches(ExtractWorker)    an actor pool; each actor owns an embedded engine
+                                       or is bound to engine servers (--url, balanced)
+      -> the driver streams the rows back in input order into the output file
+
+Exactly-once across restarts uses the same content keys and the same SQLite journal as
+the local job (a row without an id gets one from a hash of its content, since blocks are
+read in parallel and have no line numbers): the journal is owned by one :class:`JournalActor` beside the driver;
+each worker asks it which records of its batch are finished (their stored lines pass
+through untouched) and stores each new result there as soon as it is done. A restarted
+job therefore recomputes only unfinished records, and the output file is rewritten in
+input order from stored and new lines.
+
+Multi-node: start Ray on each machine (``ray start --head`` / ``ray start
+--address=HEAD:6379``), start engine servers, and pass ``--address auto`` with one
+``--url`` per server (see backends/README.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from structgen.errors import BackendError, InputError
+from structgen.extract.api import JobOptions, _examples, count_lines
+from structgen.extract.extractor import ExtractConfig, Extractor
+from structgen.extract.inputs import Fields, _from_mapping
+from structgen.extract.outputs import open_writer
+from structgen.extract.progress import Progress, summary_table
+from structgen.extract.prompt import PromptBuilder
+from structgen.extract.records import ExtractResult, InputRecord
+from structgen.extract.summary import Stats
+
+__all__ = ["RayOptions", "run_ray_job"]
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how the workers run. ``address``: an existing cluster (``auto``), else a
+    local one is started with ``num_cpus``. ``workers``: actors in the pool."""
+
+    backend: str = "embedded"
+    urls: tuple[str, ...] = ()
+    model: str | None = None
+    backend_kwargs: dict[str, Any] = field(default_factory=dict)
+    address: str | None = None
+    workers: int = 1
+    num_cpus: int | None = None
+    batch_size: int = 64
+    cpus_per_worker: float = 1.0
+
+
+def _require_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise BackendError("--ray needs Ray Data: pip install 'structgen[ray]'", backend="ray") from exc
+    return ray
+
+
+# -- pipeline stages (run on Ray workers) ----------------------------------------------------
+
+def _record_row(rec: InputRecord) -> dict[str, Any]:
+    return {"id": rec.id, "text": rec.text, "error": rec.error or "",
+            "messages": json.dumps([list(m) for m in rec.messages]),
+            "schema": "" if rec.schema is None else json.dumps(rec.schema),
+            "extra": json.dumps(rec.extra, default=str)}
+
+
+def _row_record(row: dict[str, Any]) -> InputRecord:
+    return InputRecord(id=str(row["id"]), text=str(row["text"]), error=str(row["error"]) or None,
+                       messages=tuple(tuple(m) for m in json.loads(row["messages"])),
+                       schema=json.loads(row["schema"]) if row["schema"] else None,
+                       extra=json.loads(row["extra"]))
+
+
+def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any]]:
+    return {n: [r[n] for r in rows] for n in names}
+
+
+def _rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    names = list(batch)
+    n = len(batch[names[0]]) if names else 0
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in ((k, batch[k][i]) for k in names)}
+            for i in range(n)]
+
+
+_RECORD_COLUMNS = ["id", "text", "error", "messages", "schema", "extra"]
+
+
+def _fallback_id(kind: str, content: str) -> str:
+    """An id for a row without one: Ray reads blocks in parallel, so there is no line
+    number; a hash of the row keeps the id (and the progress key) stable across runs."""
+    return f"{kind}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+
+
+def parse_lines(batch: dict[str, Any], fields: dict[str, Any], source: str) -> dict[str, list[Any]]:
+    """JSONL lines (``read_text``) -> record rows; a bad line is an error record."""
+    f = Fields(**fields)
+    out = []
+    for row in _rows(batch):
+        line = row["text"]
+        rid = _fallback_id("line", line)
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            rec = InputRecord(id=rid, error=str(InputError(f"not JSON: {exc}", source=source, where=rid)))
+        else:
+            rec = _from_mapping(obj, f, source, rid, rid)
+        out.append(_record_row(rec))
+    return _columns(out, _RECORD_COLUMNS)
+
+
+def parse_rows(batch: dict[str, Any], fields: dict[str, Any], source: str, files: bool = False
+               ) -> dict[str, list[Any]]:
+    """Table rows (CSV, Parquet) or whole text files -> record rows."""
+    f = Fields(**fields)
+    out = []
+    for row in _rows(batch):
+        if files:
+            try:
+                rec = InputRecord(id=str(row["path"]), text=bytes(row["bytes"]).decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                rec = InputRecord(id=str(row["path"]), error=f"cannot read: {exc}")
+        else:
+            rid = _fallback_id("row", json.dumps(row, sort_keys=True, default=str))
+            rec = _from_mapping(row, f, source, rid, rid)
+        out.append(_record_row(rec))
+    return _columns(out, _RECORD_COLUMNS)
+
+
+class JournalActor:
+    """Owns the job's SQLite journal (one writer), beside the driver."""
+
+    def __init__(self, path: str):
+        from structgen.extract.journal import Journal
+
+        self.journal = Journal(path)
+
+    def get_many(self, keys: list[str]) -> list[tuple[bool, str] | None]:
+        return [self.journal.get(k) for k in keys]
+
+    def put(self, key: str, record_id: str, ok: bool, line: str) -> None:
+        self.journal.put(key, record_id, ok, line)
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+class ExtractWorker:
+    """One actor of the pool: a backend (an embedded engine, or servers) and an
+    :class:`Extractor`; extracts a batch concurrently, skipping journaled records."""
+
+    def __init__(self, job: dict[str, Any], ray_opts: dict[str, Any], journal: Any):
+        from structgen.extract.api import make_backend
+
+        self.backend = make_backend(ray_opts["backend"], tuple(ray_opts["urls"]), ray_opts["model"],
+                                    **ray_opts["backend_kwargs"])
+        prompts = PromptBuilder(self.backend, instructions=job["instructions"], examples=_examples(job["few_shot"]))
+        self.extractor = Extractor(self.backend, job["schema"], config=ExtractConfig(**job["config"]),
+                                   prompts=prompts)
+        self.journal = journal
+        self.retry_failed = job["retry_failed"]
+        self.concurrency = job["concurrency"]
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        import ray
+
+        from structgen.extract.stream import model_id, record_key, run_records
+
+        records = [_row_record(r) for r in _rows(batch)]
+        model = model_id(self.backend)
+        keys = [record_key(self.extractor, r, model)[0] for r in records]
+        stored = ray.get(self.journal.get_many.remote(keys)) if self.journal is not None else [None] * len(keys)
+        lines: list[str] = [""] * len(records)
+        resumed = [False] * len(records)
+        todo: list[int] = []
+        for i, s in enumerate(stored):
+            if s is not None and (s[0] or not self.retry_failed):
+                lines[i], resumed[i] = s[1], True
+            else:
+                todo.append(i)
+        journal = self.journal
+
+        class _Remote:  # run_records' journal interface, forwarding puts to the actor
+            def get(self, key: str) -> None:
+                return None
+
+            def put(self, key: str, record_id: str, ok: bool, line: str) -> None:
+                if journal is not None:
+                    ray.get(journal.put.remote(key, record_id, ok, line))
+
+        for i, done in zip(todo, run_records([records[i] for i in todo], self.extractor,
+                                             journal=_Remote(),  # type: ignore[arg-type]
+                                             concurrency=self.concurrency), strict=True):
+            lines[i] = done.line
+        return {"line": lines, "resumed": resumed, "extra": [json.dumps(r.extra, default=str) for r in records]}
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+def _dataset(ray: Any, opts: JobOptions) -> Any:
+    src = opts.input
+    kw = {"fields": asdict(opts.fields), "source": src}
+    if any(c in src for c in "*?["):
+        import glob
+
+        paths = sorted(glob.glob(src, recursive=True))
+        if not paths:
+            raise InputError("the glob matches no file", source=src)
+        return ray.data.read_binary_files(paths, include_paths=True).map_batches(
+            parse_rows, fn_kwargs={**kw, "files": True})
+    path = Path(src)
+    if not path.is_file():
+        raise InputError("no such input file", source=src)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return ray.data.read_text(str(path)).map_batches(parse_lines, fn_kwargs=kw)
+    if suffix == ".csv":
+        return ray.data.read_csv(str(path)).map_batches(parse_rows, fn_kwargs=kw)
+    if suffix in (".parquet", ".pq"):
+        return ray.data.read_parquet(str(path)).map_batches(parse_rows, fn_kwargs=kw)
+    raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
+
+
+def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
+    """Run ``opts`` as a Ray Data pipeline; returns the same :class:`Stats` as :func:`run_job`."""
+    ray = _require_ray()
+    started_here = False
+    if not ray.is_initialized():
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "ignore_reinit_error": True}
+        if ropts.address:
+            ray.init(address=ropts.address, **kw)
+        else:
+            ray.init(num_cpus=ropts.num_cpus, object_store_memory=256 * 1024 * 1024, **kw)
+        started_here = True
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    jpath = opts.journal_path()
+    journal = ray.remote(num_cpus=0)(JournalActor).remote(str(jpath)) if jpath is not None else None
+    job = {"instructions": opts.instructions, "few_shot": opts.few_shot, "schema": opts.schema,
+           "config": asdict(opts.config), "retry_failed": opts.retry_failed, "concurrency": opts.concurrency}
+    rdict = {"backend": ropts.backend, "urls": list(ropts.urls), "model": ropts.model,
+             "backend_kwargs": dict(ropts.backend_kwargs)}
+    ds = _dataset(ray, opts).map_batches(
+        ExtractWorker, fn_constructor_kwargs={"job": job, "ray_opts": rdict, "journal": journal},
+        batch_size=ropts.batch_size, concurrency=ropts.workers, num_cpus=ropts.cpus_per_worker)
+    stats = Stats(total=opts.total if opts.total is not None else count_lines(opts.input))
+    writer = open_writer(opts.output, opts.output_format)
+    progress = Progress(stats, quiet=opts.quiet or opts.output == "-")
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            for line, resumed, extra in zip(batch["line"], batch["resumed"], batch["extra"], strict=True):
+                result = ExtractResult.from_dict(json.loads(str(line)))
+                writer.write(str(line), json.loads(str(extra)))
+                stats.add(result, resumed=bool(resumed))
+                progress.update()
+    finally:
+        progress.close()
+        writer.close()
+        if journal is not None:
+            ray.get(journal.close.remote())
+            ray.kill(journal)
+        if started_here:
+            ray.shutdown()
+    spath = opts.summary_path()
+    if spath is not None:
+        stats.write(spath)
+    if not opts.quiet:
+        summary_table(stats)
+    return stats
