@@ -131,6 +131,21 @@ class ProgramState:
         self.sync()
         return dict(self._interp.values)
 
+    def confidence(self, name: str) -> dict[str, dict[str, float]]:
+        """Per-field confidence of a JSON variable generated with ``return_logprob=True``:
+        ``{json path: {"mean": ..., "min": ...}}``, the token log-probabilities of each leaf
+        value (:func:`structgen.extract.confidence.leaf_confidence`)."""
+        from structgen.extract.confidence import leaf_confidence, token_spans
+
+        text = self[name]
+        entries = (self._interp.meta.get(name) or {}).get("output_token_logprobs")
+        if not entries:
+            raise ProgramError(f"variable {name!r} has no token logprobs: generate it with return_logprob=True",
+                               program=self._run.program)
+        tok = getattr(self._run.backend, "tokenizer", None)
+        decode = None if tok is None else (lambda ids: str(tok.decode(ids, skip_special_tokens=True)))
+        return leaf_confidence(text, token_spans(text, entries, decode))
+
     def get_meta_info(self, name: str) -> dict[str, Any] | None:
         self.sync()
         return self._interp.meta.get(name)
