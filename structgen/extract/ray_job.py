@@ -229,17 +229,30 @@ def _dataset(ray: Any, opts: JobOptions) -> Any:
     raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
 
 
+def start_local_ray(num_cpus: int | None = None, attempts: int = 3) -> None:
+    """Start a local Ray cluster. On a loaded machine Ray's node agents can miss the raylet's
+    fixed start-up deadline and the start fails; it is tried again a few times."""
+    ray = _require_ray()
+    for attempt in range(attempts):
+        try:
+            ray.init(num_cpus=num_cpus, object_store_memory=256 * 1024 * 1024, include_dashboard=False,
+                     log_to_driver=False)
+            return
+        except Exception as exc:
+            ray.shutdown()
+            if attempt == attempts - 1 or "timed out during startup" not in str(exc):
+                raise BackendError(f"cannot start a local Ray cluster: {exc}", backend="ray") from exc
+
+
 def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
     """Run ``opts`` as a Ray Data pipeline; returns the same :class:`Stats` as :func:`run_job`."""
     ray = _require_ray()
     started_here = False
     if not ray.is_initialized():
-        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "ignore_reinit_error": True}
         if ropts.address:
-            ray.init(address=ropts.address, **kw)
+            ray.init(address=ropts.address, include_dashboard=False, log_to_driver=False)
         else:
-            ray.init(num_cpus=ropts.num_cpus, object_store_memory=256 * 1024 * 1024, **kw)
+            start_local_ray(ropts.num_cpus)
         started_here = True
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
