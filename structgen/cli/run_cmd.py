@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from structgen.errors import InputError, ProgramError
+from structgen.errors import InputError
 
 __all__ = ["load_program", "parse_args", "run_command"]
 
@@ -87,12 +87,7 @@ def run_command(
     kwargs = parse_args(arg or [])
     be = make_backend(backend, (url,) if url else (), model)
     try:
-        state = prog.run(backend=be, **kwargs)
-    except ProgramError:
-        raise
-    finally:
-        pass
-    try:
+        state = prog.run(backend=be, **kwargs)  # a failed run raises its StructgenError
         out = {"values": _plain(state.values())}
         if text:
             out["text"] = state.text()
