@@ -42,6 +42,9 @@ from structgen.lang.api import (
     system,
     system_begin,
     system_end,
+    tool_message,
+    tool_results,
+    use_tools,
     user,
     user_begin,
     user_end,
@@ -54,6 +57,7 @@ from structgen.lang.choices import (
 )
 from structgen.lang.program import Program, function, program
 from structgen.lang.state import ForkGroup, ProgramState
+from structgen.tools import Agent, Tool, ToolCall, ToolResult, ToolTurn, run_tools, tool
 
 __version__ = "0.1.0"
 
@@ -62,6 +66,7 @@ __all__ = [
     "REGEX_FLOAT",
     "REGEX_INT",
     "REGEX_STR",
+    "Agent",
     "Backend",
     "BackendError",
     "Capabilities",
@@ -77,6 +82,10 @@ __all__ = [
     "ResponseTooLargeError",
     "SamplingParams",
     "StructgenError",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "ToolTurn",
     "assistant",
     "assistant_begin",
     "assistant_end",
@@ -91,13 +100,18 @@ __all__ = [
     "greedy_token_selection",
     "image",
     "program",
+    "run_tools",
     "select",
     "set_default_backend",
     "system",
     "system_begin",
     "system_end",
     "token_length_normalized",
+    "tool",
+    "tool_message",
+    "tool_results",
     "unconditional_likelihood_normalized",
+    "use_tools",
     "user",
     "user_begin",
     "user_end",

@@ -383,7 +383,9 @@ class EmbeddedBackend(Backend):
         if not getattr(tok, "chat_template", None):
             return None
         return ChatTemplate(lambda msgs: tok.apply_chat_template(msgs, tokenize=False),
-                            name=f"{self.model_path} chat template")
+                            name=f"{self.model_path} chat template",
+                            render_tools=lambda msgs, tools: tok.apply_chat_template(msgs, tools=tools, tokenize=False),
+                            source=tok.chat_template if isinstance(tok.chat_template, str) else None)
 
     def stats(self) -> Mapping[str, Any]:
         if self._engine is not None:

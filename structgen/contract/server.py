@@ -100,7 +100,11 @@ def hf_chat_template(path: str | None) -> ChatTemplate | None:
     def render(messages: list[dict[str, str]]) -> str:
         return str(tok.apply_chat_template(messages, tokenize=False))
 
-    return ChatTemplate(render, name=os.path.basename(path.rstrip("/")))
+    def render_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+        return str(tok.apply_chat_template(messages, tools=tools, tokenize=False))
+
+    return ChatTemplate(render, name=os.path.basename(path.rstrip("/")), render_tools=render_tools,
+                        source=tok.chat_template if isinstance(tok.chat_template, str) else None)
 
 
 class ServerBackend(Backend):

@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from structgen.constraints.spec import (
-    ConstraintSpec,
     dtype_spec,
     json_schema_spec,
     regex_spec,
 )
 from structgen.errors import ConstraintError, ProgramError
 from structgen.lang.choices import ChoicesSamplingMethod, method_by_name
-from structgen.lang.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_node
+from structgen.lang.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, ToolMessages, UseTools, as_node
 
 __all__ = [
     "assistant",
@@ -27,6 +26,9 @@ __all__ = [
     "system",
     "system_begin",
     "system_end",
+    "tool_message",
+    "tool_results",
+    "use_tools",
     "user",
     "user_begin",
     "user_end",
@@ -77,6 +79,10 @@ def gen(
     whitespace: str = "compact",
     strict: bool = True,
     retries: int = 0,
+    tools: Sequence[Any] | None = None,
+    tool_choice: Any = "auto",
+    parallel_tool_calls: bool | int = False,
+    think: bool | tuple[str, str] | None = None,
 ) -> Expr:
     """Generate into variable ``name``.
 
@@ -89,14 +95,31 @@ def gen(
     Schema's open default, where the model may add keys. ``retries``: how many
     times to re-sample when the output fails validation (e.g. cut short by max_tokens).
     Malformed constraints raise :class:`ConstraintError` here, before anything runs.
+
+    ``tools`` (functions, ``@tool`` s, pydantic models, OpenAI tool dicts, MCP tools) makes
+    this a tool-calling turn (see :mod:`structgen.tools`): the output is an answer or calls
+    of the allowed tools with schema-valid arguments, in the model's own call format;
+    ``state.tool_calls(name)`` returns them. ``tool_choice``: ``"auto"``, ``"required"``,
+    ``"none"``, a tool's name or ``{"allowed": [...]}``; ``parallel_tool_calls``: ``False``
+    (one call), ``True`` or a bound ``k``. ``think=True`` (or a tag pair) lets the model
+    write a thinking section first, then the constrained part.
     """
     if choices is not None:
         return select(name, list(choices), temperature=temperature or 0.0, choices_method=choices_method)
-    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype)) if v is not None]
+    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype),
+                            ("tools", tools)) if v is not None]
     if len(given) > 1:
         raise ConstraintError(f"gen({name!r}) takes one constraint, got {given}")
-    constraint: ConstraintSpec | None = None
-    if regex is not None:
+    constraint: Any = None
+    if tools is not None:
+        from structgen.tools.spec import ToolRequest
+
+        constraint = ToolRequest.make(tools, tool_choice, parallel_tool_calls, think)
+    elif think is not None and think is not False:
+        from structgen.tools.thinking import thinking_spec
+
+        constraint = thinking_spec(think, regex=regex, json_schema=json_schema, dtype=dtype, whitespace=whitespace)
+    elif regex is not None:
         constraint = regex_spec(regex)
     elif json_schema is not None:
         constraint = json_schema_spec(json_schema, whitespace=whitespace, strict=strict)  # type: ignore[arg-type]
@@ -111,7 +134,8 @@ def gen(
               presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
               return_text_in_logprobs)
     set_params = tuple((k, v) for k, v in zip(_PARAM_NAMES, values) if v is not None)
-    return Gen(name=name, params=set_params, constraint=constraint, dtype=dtype, retries=retries)
+    typed = None if getattr(constraint, "think", None) is not None else dtype  # thinking converts itself
+    return Gen(name=name, params=set_params, constraint=constraint, dtype=typed, retries=retries)
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
@@ -183,6 +207,28 @@ def assistant_begin() -> Expr:
 
 def assistant_end() -> Expr:
     return RoleEnd("assistant")
+
+
+def use_tools(tools: Sequence[Any]) -> Expr:
+    """Show ``tools`` to the model from here on: the chat template renders them (or the
+    documented ``structgen`` block is added to the system turn when it cannot)."""
+    from structgen.tools.definition import as_tools
+
+    return UseTools(as_tools(tools))
+
+
+def tool_message(content: Any, call_id: str | None = None, name: str | None = None) -> Expr:
+    """One tool result in the template's ``tool`` role (``content``: text, or a value shown
+    as JSON). (``sg.tool`` is the decorator that makes tools.)"""
+    from structgen.tools.calls import to_text
+
+    return ToolMessages(((to_text(content), call_id, name),))
+
+
+def tool_results(results: Sequence[Any]) -> Expr:
+    """Several tool results (:class:`~structgen.tools.calls.ToolResult` s) as one block of
+    tool turns, rendered together as the template joins them."""
+    return ToolMessages(tuple((r.content(), r.call.id, r.call.name) for r in results))
 
 
 def image(*_: Any, **__: Any) -> Expr:

@@ -34,6 +34,8 @@ from structgen.lang.ir import (
     RoleEnd,
     Select,
     Text,
+    ToolMessages,
+    UseTools,
     VarScopeBegin,
     VarScopeEnd,
     flatten,
@@ -80,7 +82,9 @@ class Interpreter:
         self.variables: dict[str, Any] = {}
         self.values: dict[str, Any] = {}
         self.meta: dict[str, dict[str, Any]] = {}
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
+        #: tools shown to the model (``use_tools``): role turns render with them
+        self.tools: tuple[Any, ...] = ()
         self.error: StructgenError | None = None
         self._role: _OpenRole | None = None
         self._scopes: dict[str, int] = {}
@@ -101,6 +105,7 @@ class Interpreter:
         child.values = dict(self.values)
         child.meta = dict(self.meta)
         child.messages = [dict(m) for m in self.messages]
+        child.tools = self.tools
         child._role = None if self._role is None else replace(self._role)
         child._scopes = dict(self._scopes)
         return child
@@ -189,6 +194,10 @@ class Interpreter:
             self._role_begin(node.role)
         elif isinstance(node, RoleEnd):
             self._role_end(node.role)
+        elif isinstance(node, UseTools):
+            self._use_tools(node.tools)
+        elif isinstance(node, ToolMessages):
+            self._tool_messages(node)
         elif isinstance(node, VarScopeBegin):
             self._scopes[node.name] = len(self.text)
         elif isinstance(node, VarScopeEnd):
@@ -207,9 +216,8 @@ class Interpreter:
             raise ProgramError(f"role {role!r} begins inside an open {self._role.role!r} turn")
         prefix = suffix = ""
         if not self.chat_messages:
-            if self.chat_template is None:
-                raise ProgramError("the backend has no chat template, so roles cannot be rendered")
-            rt = self.chat_template.role(role, self.messages)
+            template, tools = self._template()
+            rt = template.role(role, self.messages, tools=tools)
             prefix, suffix = rt.prefix, rt.suffix
         self._append(prefix)
         self._role = _OpenRole(role, len(self.text), suffix)
@@ -223,8 +231,50 @@ class Interpreter:
         self.messages.append({"role": role, "content": content})
         self._role = None
 
+    # -- tools (structgen.tools: imported only when a program uses them) ------------------
+    def _template(self) -> tuple[ChatTemplate, list[dict[str, Any]] | None]:
+        """The template role turns render with, and the tool list it shows (if any)."""
+        if self.chat_template is None:
+            raise ProgramError("the backend has no chat template, so roles cannot be rendered")
+        if not self.tools:
+            return self.chat_template, None
+        from structgen.tools.formats import tools_template
+
+        return tools_template(self.chat_template)[0], [t.openai() for t in self.tools]
+
+    def _use_tools(self, tools: tuple[Any, ...]) -> None:
+        if self._role is not None:
+            raise ProgramError("use_tools(...) must come before or between role turns, not inside one")
+        self.tools = tools
+        if not self.chat_messages and self.chat_template is None:  # plain text: the block itself
+            from structgen.tools.formats import injected_system_text
+
+            self._append(injected_system_text([t.openai() for t in tools]) + "\n")
+
+    def _tool_messages(self, node: ToolMessages) -> None:
+        if self._role is not None:
+            raise ProgramError(f"tool results cannot go inside an open {self._role.role!r} turn")
+        new = [{"role": "tool", "content": content, **({"tool_call_id": cid} if cid else {}),
+                **({"name": name} if name else {})} for content, cid, name in node.results]
+        if not self.chat_messages:
+            template, tools = self._template()
+            self._append(template.continuation(self.messages, new, tools))
+        self.messages.extend(new)
+
+    def _resolve_tools(self, request: Any) -> Any:
+        """A ``gen(tools=...)`` becomes the constraint for this backend's call format."""
+        if not self.chat_messages:
+            shown = {t.name for t in self.tools}
+            missing = [t.name for t in request.tools if t.name not in shown]
+            if missing:
+                raise ProgramError(f"gen(tools=...) uses tools the prompt does not show: {missing}; "
+                                   "add s += sg.use_tools([...]) before the conversation")
+            template = None if self.chat_template is None else self._template()[0]
+            return request.resolve(template)
+        return request.resolve(None)
+
     def _request_messages(self) -> tuple[Message, ...]:
-        msgs = [Message(m["role"], m["content"]) for m in self.messages]
+        msgs = [Message(m["role"], m["content"], m.get("tool_call_id"), m.get("name")) for m in self.messages]
         if self._role is not None:
             msgs.append(Message(self._role.role, self.text[self._role.start:]))
         return tuple(msgs)
@@ -237,8 +287,11 @@ class Interpreter:
 
     def _start_gen(self, node: Gen) -> Request:
         name = self._name(node.name)
+        constraint = node.constraint
+        if getattr(constraint, "kind", None) == "tool_request":
+            constraint = self._resolve_tools(constraint)
         req = GenerateRequest(prompt=self.text, params=node.sampling(self.defaults),
-                              constraint=node.constraint, messages=self._request_messages(),
+                              constraint=constraint, messages=self._request_messages(),
                               program=self.program, variable=name, group=self.group)
         self._pending = _Pending(node, req, name=name)
         return req
@@ -261,7 +314,8 @@ class Interpreter:
         node: Gen = pending.node  # type: ignore[assignment]
         name, text = pending.name, result.text
         try:
-            value = _typed_value(node, text, truncated=result.finish_reason == "length")
+            value = _typed_value(node, text, truncated=result.finish_reason == "length",
+                                 constraint=pending.request.constraint)  # type: ignore[union-attr]
         except OutputValidationError:
             if pending.attempt < node.retries:
                 self._retry(pending)
@@ -275,6 +329,14 @@ class Interpreter:
         self.values[name] = value
         meta = dict(result.meta)
         meta.setdefault("finish_reason", result.finish_reason)
+        think = getattr(pending.request.constraint, "think", None)
+        if think is not None:
+            from structgen.tools.calls import split_thinking
+
+            meta["thinking"] = split_thinking(text, think)[0]
+        calls = getattr(value, "calls", None)
+        if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
+            meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]
         if pending.attempt:
             meta["attempts"] = pending.attempt + 1
         self.meta[name] = meta
@@ -322,13 +384,14 @@ def _sample_index(scores: list[float], temperature: float, default: int) -> int:
     return random.choices(range(len(scores)), weights=weights)[0]
 
 
-def _typed_value(node: Gen, text: str, *, truncated: bool) -> Any:
+def _typed_value(node: Gen, text: str, *, truncated: bool, constraint: Any = None) -> Any:
     """Validate constrained output and convert it to its typed value."""
-    if node.constraint is None:
+    constraint = constraint if constraint is not None else node.constraint
+    if constraint is None:
         return text
     from structgen.constraints.validation import validate_output
 
-    value = validate_output(node.constraint, text, truncated=truncated)
+    value = validate_output(constraint, text, truncated=truncated)
     if node.dtype is not None:
         return _convert_dtype(node.dtype, text)
     return value

@@ -34,6 +34,8 @@ __all__ = [
     "RoleEnd",
     "Select",
     "Text",
+    "ToolMessages",
+    "UseTools",
     "VarScopeBegin",
     "VarScopeEnd",
     "as_node",
@@ -112,11 +114,25 @@ class VarScopeEnd(Expr):
 
 
 @dataclass(frozen=True)
+class UseTools(Expr):
+    """Show ``tools`` to the model: role turns from here on render with the tool list."""
+
+    tools: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ToolMessages(Expr):
+    """Tool results, each ``(content, call_id, tool name)``, as the template's tool turn(s)."""
+
+    results: tuple[tuple[str, str | None, str | None], ...]
+
+
+@dataclass(frozen=True)
 class Concat(Expr):
     items: tuple[Expr, ...]
 
 
-Node = Union[Text, Gen, Select, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, Concat]
+Node = Union[Text, Gen, Select, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, UseTools, ToolMessages, Concat]
 
 
 def as_node(value: Any) -> Expr:

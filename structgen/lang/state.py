@@ -146,6 +146,16 @@ class ProgramState:
         decode = None if tok is None else (lambda ids: str(tok.decode(ids, skip_special_tokens=True)))
         return leaf_confidence(text, token_spans(text, entries, decode))
 
+    def tool_calls(self, name: str) -> list[Any]:
+        """The typed calls of a ``gen(name, tools=...)`` turn (empty when it answered):
+        each with ``id``, ``name``, validated ``arguments`` and the ``raw`` text."""
+        turn = self.value(name)
+        calls = getattr(turn, "calls", None)
+        if calls is None:
+            raise ProgramError(f"variable {name!r} is not a tool-calling gen(..., tools=...)",
+                               program=self._run.program)
+        return list(calls)
+
     def get_meta_info(self, name: str) -> dict[str, Any] | None:
         self.sync()
         return self._interp.meta.get(name)

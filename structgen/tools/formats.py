@@ -1,0 +1,153 @@
+"""Tool-call formats: how tools are shown to a model and how its calls are written.
+
+A model trained for tool calling has its own syntax, and its chat template renders the
+tool list itself (the ``tools`` argument of ``apply_chat_template``). Known syntaxes:
+
+* ``hermes`` (Qwen2.5 / Qwen3, Hermes): ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``
+  blocks, one per call, joined by ``\\n``; free text may come first.
+* ``llama3_json`` (Llama 3.1 / 3.2 / 3.3): the whole answer is ``{"name": ..., "parameters": ...}``,
+  several calls joined by ``; `` (as vLLM's ``llama3_json`` parser reads them).
+* ``mistral`` (Mistral v3 tokenizers): ``[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]``.
+
+A template that does not render tools (SmolLM2-135M's, for one) gets the one documented
+prompt-injected format, ``structgen``: the tool list as JSON lines inside ``<tools>`` in
+the system turn, and calls written as ``<tool_call>[{"name": ..., "arguments": ...}, ...]</tool_call>``
+(SmolLM2's own function-calling format), free text allowed before the call.
+
+Arguments are JSON as ``tojson`` writes it (``", "`` and ``": "``), the way the templates
+render a call back into the history. :func:`detect_format` picks the format from a
+template's source and a probe render.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from structgen.contract.chat_template import ChatTemplate
+
+__all__ = ["FORMATS", "INJECTED", "ToolFormat", "detect_format", "injected_system_text", "tools_template"]
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """One tool-call syntax. ``open``/``close`` wrap each call (``list_style=False``) or the
+    JSON list of all calls (``list_style=True``); ``trigger`` is the text that starts a
+    call (an answer may never contain it)."""
+
+    name: str
+    open: str
+    close: str
+    separator: str
+    args_key: str
+    list_style: bool
+    text_before: bool
+    native: bool
+    trigger: str
+
+    def call_json(self, name: str, arguments: Any) -> str:
+        return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
+
+    def render_calls(self, calls: Sequence[tuple[str, Any]], content: str = "") -> str:
+        """The text a model writes for ``calls`` (canonical form), after ``content``."""
+        if not calls:
+            return content
+        items = [self.call_json(n, a) for n, a in calls]
+        if self.list_style:
+            body = self.open + "[" + self.separator.join(items) + "]" + self.close
+        else:
+            body = self.separator.join(self.open + item + self.close for item in items)
+        return (content + body) if self.text_before else body
+
+
+HERMES = ToolFormat("hermes", "<tool_call>\n", "\n</tool_call>", "\n", "arguments", list_style=False,
+                    text_before=True, native=True, trigger="<tool_call>")
+LLAMA3_JSON = ToolFormat("llama3_json", "", "", "; ", "parameters", list_style=False, text_before=False,
+                         native=True, trigger="{")
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", ", ", "arguments", list_style=True, text_before=False,
+                     native=True, trigger="[TOOL_CALLS]")
+INJECTED = ToolFormat("structgen", "<tool_call>", "</tool_call>", ", ", "arguments", list_style=True,
+                      text_before=True, native=False, trigger="<tool_call>")
+FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, INJECTED)}
+
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "structgen_probe_tool", "description": "probe",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+
+
+def _renders_tools(template: ChatTemplate) -> bool:
+    if not template.can_render_tools:
+        return False
+    try:
+        text = template.render([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL])
+    except Exception:
+        return False
+    return "structgen_probe_tool" in text
+
+
+def detect_format(template: ChatTemplate | None) -> ToolFormat:
+    """The template's native format when it renders tools and its syntax is known, else
+    the injected ``structgen`` format."""
+    if template is None or not _renders_tools(template):
+        return INJECTED
+    source = template.source or ""
+    if "<tool_call>" in source:
+        return HERMES
+    if "[TOOL_CALLS]" in source or "[AVAILABLE_TOOLS]" in source:
+        return MISTRAL
+    if '"parameters"' in source or "<|python_tag|>" in source or "ipython" in source:
+        return LLAMA3_JSON
+    return INJECTED
+
+
+# -- the injected format -------------------------------------------------------------------
+def injected_system_text(tools: Sequence[dict[str, Any]]) -> str:
+    """The instruction block added to the system turn for the ``structgen`` format."""
+    lines = "\n".join(json.dumps(t["function"] if "function" in t else t, ensure_ascii=False) for t in tools)
+    return ("You can call functions. Their definitions, as JSON schemas:\n<tools>\n" + lines + "\n</tools>\n"
+            "To call functions, write <tool_call>[{\"name\": \"function name\", \"arguments\": "
+            "{\"argument\": value}}, ...]</tool_call> with one object per call. "
+            "If no function fits, answer in plain text.")
+
+
+def _inject(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    block = injected_system_text(tools)
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        content = out[0].get("content") or ""
+        out[0]["content"] = f"{content}\n\n{block}" if content else block
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def tools_template(template: ChatTemplate) -> tuple[ChatTemplate, ToolFormat]:
+    """A template that renders ``tools`` (natively, or by injecting the ``structgen`` block
+    into the system turn) and the call format that goes with it."""
+    cached = getattr(template, "_structgen_tools", None)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    out = _tools_template(template)
+    try:
+        template._structgen_tools = out  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    return out
+
+
+def _tools_template(template: ChatTemplate) -> tuple[ChatTemplate, ToolFormat]:
+    fmt = detect_format(template)
+    if fmt.native:
+        return template, fmt
+    base = template
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        return base.render(messages)
+
+    def render_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+        return base.render(_inject(messages, tools))
+
+    return ChatTemplate(render, name=f"{template.name} + structgen tools", render_tools=render_tools,
+                        source=template.source), fmt

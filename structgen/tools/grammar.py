@@ -1,0 +1,106 @@
+"""The grammar of a tool-calling turn, in llguidance's Lark dialect.
+
+One grammar says everything a turn may be: a free-text answer (never containing the
+format's trigger, so a malformed call cannot pass as text), or 1..k calls of the allowed
+tools, each a literal ``{"name": "<tool>", "<args key>": `` followed by a ``%json`` of that
+tool's argument schema. Where the format lets text precede a call, a lazy lexeme takes
+any text up to the first trigger. An optional thinking section (``<think>`` ... ``</think>``)
+comes first: free text, then the constrained part -- thinking never turns it off.
+Text before a call is allowed only in ``auto`` mode: under ``required`` (or a named tool)
+the call starts at once, and after the last allowed call the grammar ends, so a required
+call can never ramble or loop to ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from structgen.tools.definition import Tool
+from structgen.tools.formats import ToolFormat
+
+__all__ = ["JSON_STYLE", "lark_literal", "think_prefix", "tool_grammar"]
+
+#: how arguments are written: as ``tojson`` writes them (templates render calls this way)
+JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
+
+def lark_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _no_trigger(name: str, trigger: str, *, first_not: str | None = None) -> str:
+    """A terminal: non-empty text that never contains ``trigger``."""
+    esc = re.escape(trigger).replace("/", "\\/")
+    base = "/(?s:.+)/" if first_not is None else f"/[^{re.escape(first_not)}](?s:.*)/"
+    return f"{name}: {base} & ~/(?s:.*){esc}(?s:.*)/"
+
+
+def think_prefix(think: tuple[str, str] | None) -> tuple[str, list[str]]:
+    """The start-rule prefix and rules of a thinking section (none when ``think`` is None)."""
+    if think is None:
+        return "", []
+    open_, close = think
+    esc = re.escape(close).replace("/", "\\/")
+    rules = [f"THINK_TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/",
+             f"thinking: {lark_literal(open_)} THINK_TEXT {lark_literal(close)} \"\\n\""]
+    return "thinking ", rules
+
+
+def _args_schema(tool: Tool) -> str:
+    schema: dict[str, Any] = dict(tool.parameters)
+    schema["x-guidance"] = JSON_STYLE
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls: int,
+                 think: tuple[str, str] | None = None) -> str:
+    """The Lark grammar for one turn. ``mode``: ``"auto"`` (answer or calls),
+    ``"required"`` (1..max_calls calls) or ``"none"`` (an answer only)."""
+    if mode not in ("auto", "required", "none"):
+        raise ValueError(f"mode must be auto, required or none, not {mode!r}")
+    if max_calls < 1:
+        raise ValueError("max_calls must be at least 1")
+    head, rules = think_prefix(think)
+    lines = ["%llguidance {}"]
+    first_not = fmt.trigger if fmt.trigger == "{" else None
+    answer_rule = _no_trigger("ANSWER", fmt.trigger, first_not=first_not)
+    if mode == "none":
+        lines += [f"start: {head}ANSWER", answer_rule, *rules]
+        return "\n".join(lines) + "\n"
+    alternatives = ["calls"] if mode == "required" else ["ANSWER", "calls"]
+    lines.append(f"start: {head}({' | '.join(alternatives)})")
+    if mode == "auto":
+        lines.append(answer_rule)
+    lines += rules
+    more = f"{{0,{max_calls - 1}}}" if max_calls > 1 else ""
+    sep = lark_literal(fmt.separator)
+    if fmt.list_style:
+        opener = lark_literal(fmt.open + "[")
+        closer = lark_literal("]" + fmt.close)
+        rest = f"({sep} call){more}" if more else ""
+        if fmt.text_before and mode == "auto":
+            lines.append(f"calls: lead call {rest} {closer}")
+            lines.append(f"lead[lazy]: /(?s:.*)/ {opener}")
+        else:
+            lines.append(f"calls: {opener} call {rest} {closer}")
+    else:
+        open_, close = lark_literal(fmt.open) if fmt.open else "", lark_literal(fmt.close) if fmt.close else ""
+        block = " ".join(p for p in (open_, "call", close) if p)
+        rest = f"({sep} {block}){more}" if more else ""
+        if fmt.text_before and fmt.open and mode == "auto":
+            lines.append(f"calls: lead call {close} {rest}")
+            lines.append(f"lead[lazy]: /(?s:.*)/ {open_}")
+        else:
+            lines.append(f"calls: {block} {rest}")
+    names = []
+    for i, t in enumerate(tools):
+        rule = f"call_{i}"
+        names.append(rule)
+        prefix = lark_literal(f'{{"name": {json.dumps(t.name)}, "{fmt.args_key}": ')
+        lines.append(f"{rule}: {prefix} args_{i} \"}}\"")
+        lines.append(f"args_{i}: %json {_args_schema(t)}")
+    lines.append(f"call: {' | '.join(names)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,182 @@
+"""Tool calls as a constraint kind: what ``gen(..., tools=...)`` asks of a backend.
+
+``gen(name, tools=[...], tool_choice=..., parallel_tool_calls=..., think=...)`` records a
+:class:`ToolRequest`. When the program reaches it, the interpreter resolves it against
+the backend's chat template (:meth:`ToolRequest.resolve`): the template decides the call
+format (:mod:`structgen.tools.formats`), and the result is a :class:`ToolCallSpec`.
+
+A :class:`ToolCallSpec` *is* a grammar constraint (a subclass of ``GrammarSpec`` carrying
+the Lark grammar of :mod:`structgen.tools.grammar`), so every backend that enforces
+llguidance grammars enforces it unchanged; backends with native tool calling read its
+``tools`` / ``tool_choice`` / ``max_calls`` instead. Either way the output is checked by
+:meth:`ToolCallSpec.validate_output`, which parses the turn and validates every call.
+
+``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
+answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
+"auto"|"required"}``. ``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
+:data:`MAX_PARALLEL`) or ``k`` (up to ``k``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from structgen.constraints.spec import GrammarSpec
+from structgen.contract.chat_template import ChatTemplate
+from structgen.errors import CapabilityError, ProgramError
+from structgen.tools.calls import ToolTurn, parse_turn
+from structgen.tools.definition import Tool, as_tools
+from structgen.tools.formats import FORMATS, INJECTED, ToolFormat, tools_template
+from structgen.tools.grammar import tool_grammar
+
+__all__ = ["MAX_PARALLEL", "ToolCallSpec", "ToolRequest", "normalize_choice", "normalize_think"]
+
+#: the most calls one turn may make with ``parallel_tool_calls=True``
+MAX_PARALLEL = 16
+DEFAULT_THINK = ("<think>", "</think>")
+
+
+def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tuple[str, ...]]:
+    """``(mode, allowed tool names)`` for a ``tool_choice`` value."""
+    names = tuple(t.name for t in tools)
+    if tool_choice is None or tool_choice == "auto":
+        return "auto", names
+    if tool_choice in ("required", "none"):
+        return str(tool_choice), names
+    if isinstance(tool_choice, str):
+        if tool_choice not in names:
+            raise ProgramError(f"tool_choice {tool_choice!r} names no tool (tools: {list(names)})")
+        return "required", (tool_choice,)
+    if isinstance(tool_choice, Mapping):
+        if "allowed" in tool_choice:
+            allowed = tuple(tool_choice["allowed"])
+            mode = str(tool_choice.get("mode", "auto"))
+            if mode not in ("auto", "required"):
+                raise ProgramError(f"tool_choice mode must be 'auto' or 'required', not {mode!r}")
+            unknown = [n for n in allowed if n not in names]
+            if unknown or not allowed:
+                raise ProgramError(f"tool_choice allows unknown or no tools: {unknown or '[]'}")
+            return mode, allowed
+        fn = tool_choice.get("function")
+        if tool_choice.get("type") == "function" and isinstance(fn, Mapping):  # OpenAI's shape
+            return normalize_choice(fn.get("name"), tools)
+    raise ProgramError(f"tool_choice must be 'auto', 'required', 'none', a tool name or "
+                       f"{{'allowed': [...]}}, not {tool_choice!r}")
+
+
+def normalize_parallel(parallel: Any) -> int:
+    if parallel is False or parallel is None:
+        return 1
+    if parallel is True:
+        return MAX_PARALLEL
+    if isinstance(parallel, int) and parallel >= 1:
+        return parallel
+    raise ProgramError(f"parallel_tool_calls must be False, True or a positive int, not {parallel!r}")
+
+
+def normalize_think(think: Any) -> tuple[str, str] | None:
+    if think is None or think is False:
+        return None
+    if think is True:
+        return DEFAULT_THINK
+    if isinstance(think, (tuple, list)) and len(think) == 2 and all(isinstance(t, str) and t for t in think):
+        return (think[0], think[1])
+    raise ProgramError(f"think must be True or a pair of tags such as ('<think>', '</think>'), not {think!r}")
+
+
+@dataclass(frozen=True)
+class ToolCallSpec(GrammarSpec):
+    """A tool-calling turn: the grammar plus what native tool APIs need."""
+
+    tools: tuple[Tool, ...] = field(default=(), compare=False, hash=False)
+    #: the tools' definitions as JSON (what equality and caching compare)
+    tools_json: str = ""
+    format: str = INJECTED.name
+    mode: Literal["auto", "required", "none"] = "auto"
+    allowed: tuple[str, ...] = ()
+    max_calls: int = 1
+    think: tuple[str, str] | None = None
+
+    def describe(self) -> str:
+        return f"tool calls ({self.mode}, {self.format}, tools {list(self.allowed)}, up to {self.max_calls})"
+
+    @property
+    def call_format(self) -> ToolFormat:
+        return FORMATS[self.format]
+
+    @property
+    def allowed_tools(self) -> tuple[Tool, ...]:
+        return tuple(t for t in self.tools if t.name in self.allowed)
+
+    def check_capabilities(self, backend: Any, request: Any) -> None:
+        """Before sending: a backend needs llguidance grammars or native tool calling."""
+        caps = backend.capabilities
+        if not (caps.grammar or caps.tools):
+            raise CapabilityError("tool calls (the backend has neither grammars nor native tools)",
+                                  backend=backend.name, version=backend.version, program=request.program,
+                                  variable=request.variable)
+        if not caps.grammar and self.think is not None:
+            raise CapabilityError("a thinking section before tool calls (needs a grammar)",
+                                  backend=backend.name, version=backend.version, program=request.program,
+                                  variable=request.variable)
+        unsupported = sorted(request.params.set_fields() - caps.sampling)
+        if unsupported:
+            raise CapabilityError(f"sampling parameter(s) {', '.join(unsupported)}", backend=backend.name,
+                                  version=backend.version, program=request.program, variable=request.variable)
+
+    def validate_output(self, text: str, *, truncated: bool = False) -> ToolTurn:
+        return parse_turn(text, self.call_format, self.tools, allowed=self.allowed, max_calls=self.max_calls,
+                          mode=self.mode, think=self.think, truncated=truncated)
+
+    def render_calls(self, calls: Sequence[tuple[str, Any]], content: str = "") -> str:
+        """The canonical text of ``calls`` in this spec's format (native API results)."""
+        text = self.call_format.render_calls(calls, content)
+        return text
+
+
+def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "auto", parallel: Any = False,
+               think: Any = None) -> ToolCallSpec:
+    mode, allowed = normalize_choice(tool_choice, tools)
+    k = normalize_parallel(parallel)
+    th = normalize_think(think)
+    chosen = [t for t in tools if t.name in allowed]
+    grammar = tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th)
+    tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
+    return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
+                        mode=mode, allowed=allowed, max_calls=k, think=th)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """``gen(tools=...)`` before the backend is known: resolved by the interpreter."""
+
+    tools: tuple[Tool, ...]
+    tool_choice: Any = "auto"
+    parallel: Any = False
+    think: Any = None
+    kind: str = "tool_request"
+
+    @classmethod
+    def make(cls, tools: Any, tool_choice: Any = "auto", parallel: Any = False, think: Any = None) -> ToolRequest:
+        resolved = as_tools(tools)
+        normalize_choice(tool_choice, resolved)  # errors now, at gen(), not mid-run
+        normalize_parallel(parallel)
+        normalize_think(think)
+        choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice
+        return cls(resolved, choice, parallel, tuple(think) if isinstance(think, list) else think)
+
+    def choice(self) -> Any:
+        c = self.tool_choice
+        return json.loads(c) if isinstance(c, str) and c.startswith("{") else c
+
+    def resolve(self, template: ChatTemplate | None) -> ToolCallSpec:
+        """The spec for a backend whose template is ``template`` (None: chat APIs, which
+        take tools natively; their results are written in the injected format)."""
+        fmt = INJECTED if template is None else tools_template(template)[1]
+        return build_spec(self.tools, fmt, tool_choice=self.choice(), parallel=self.parallel, think=self.think)
+
+    def describe(self) -> str:
+        return f"tool calls ({', '.join(t.name for t in self.tools)})"
