@@ -44,8 +44,8 @@ def think_prefix(think: tuple[str, str] | None) -> tuple[str, list[str]]:
         return "", []
     open_, close = think
     esc = re.escape(close).replace("/", "\\/")
-    rules = [f"THINK_TEXT: /(?s:.*)/ & ~/(?s:.*){esc}(?s:.*)/",
-             f"thinking: {lark_literal(open_)} THINK_TEXT {lark_literal(close)} \"\\n\""]
+    rules = [f"think_body[lazy]: /(?s:.*){esc}/",  # any text up to the first closing tag
+             f"thinking: {lark_literal(open_)} think_body \"\\n\""]
     return "thinking ", rules
 
 

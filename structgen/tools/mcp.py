@@ -30,11 +30,17 @@ class MCPToolError(StructgenError):
     """An MCP tool reported an error (``isError``)."""
 
 
+def _field(obj: Any, snake: str, camel: str) -> Any:
+    """An SDK field by its mcp 2 (snake_case) or mcp 1 (camelCase) name."""
+    value = getattr(obj, snake, None)
+    return getattr(obj, camel, None) if value is None else value
+
+
 def _content(result: Any) -> Any:
-    structured = getattr(result, "structuredContent", None)
+    structured = _field(result, "structured_content", "structuredContent")
     texts = [getattr(c, "text", None) for c in getattr(result, "content", None) or []]
     text = "\n".join(t for t in texts if isinstance(t, str))
-    if getattr(result, "isError", False):
+    if _field(result, "is_error", "isError"):
         raise MCPToolError(text or "the MCP tool failed")
     if structured is not None:
         return structured
@@ -126,7 +132,7 @@ class MCPTools:
 
     def _tool(self, listed: Any) -> Tool:
         name = str(listed.name)
-        schema = dict(getattr(listed, "inputSchema", None) or {"type": "object", "properties": {}})
+        schema = dict(_field(listed, "input_schema", "inputSchema") or {"type": "object", "properties": {}})
         connection = self
 
         async def call(**kwargs: Any) -> Any:
