@@ -92,11 +92,11 @@ def to_text(value: Any) -> str:
         return str(value)
 
 
-def split_thinking(text: str, think: tuple[str, str] | None) -> tuple[str | None, str]:
+def split_thinking(text: str, think: tuple[Any, ...] | None) -> tuple[str | None, str]:
     """``(thinking, rest)``: the thinking section's text and what follows it."""
     if think is None:
         return None, text
-    open_, close = think
+    open_, close = think[0], think[1]
     if not text.startswith(open_):
         return None, text
     end = text.find(close, len(open_))
@@ -157,7 +157,7 @@ def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> li
 
 
 def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Sequence[str] | None = None,
-               max_calls: int = 1, mode: str = "auto", think: tuple[str, str] | None = None,
+               max_calls: int = 1, mode: str = "auto", think: tuple[Any, ...] | None = None,
                truncated: bool = False) -> ToolTurn:
     """Read one turn; validate every call. :class:`OutputValidationError` on any problem."""
     thinking, body = split_thinking(text, think)

@@ -38,13 +38,15 @@ def _no_trigger(name: str, trigger: str, *, first_not: str | None = None) -> str
     return f"{name}: {base} & ~/(?s:.*){esc}(?s:.*)/"
 
 
-def think_prefix(think: tuple[str, str] | None) -> tuple[str, list[str]]:
-    """The start-rule prefix and rules of a thinking section (none when ``think`` is None)."""
+def think_prefix(think: tuple[Any, ...] | None) -> tuple[str, list[str]]:
+    """The start-rule prefix and rules of a thinking section (none when ``think`` is None);
+    ``think`` is ``(open, close)`` or ``(open, close, max_chars)``."""
     if think is None:
         return "", []
-    open_, close = think
+    open_, close = think[0], think[1]
     esc = re.escape(close).replace("/", "\\/")
-    rules = [f"think_body[lazy]: /(?s:.*){esc}/",  # any text up to the first closing tag
+    body = "(?s:.*)" if len(think) < 3 else f"(?s:.{{0,{int(think[2])}}})"
+    rules = [f"think_body[lazy]: /{body}{esc}/",  # any text up to the first closing tag
              f"thinking: {lark_literal(open_)} think_body \"\\n\""]
     return "thinking ", rules
 
@@ -56,7 +58,7 @@ def _args_schema(tool: Tool) -> str:
 
 
 def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls: int,
-                 think: tuple[str, str] | None = None) -> str:
+                 think: tuple[Any, ...] | None = None) -> str:
     """The Lark grammar for one turn. ``mode``: ``"auto"`` (answer or calls),
     ``"required"`` (1..max_calls calls) or ``"none"`` (an answer only)."""
     if mode not in ("auto", "required", "none"):

@@ -77,14 +77,27 @@ def normalize_parallel(parallel: Any) -> int:
     raise ProgramError(f"parallel_tool_calls must be False, True or a positive int, not {parallel!r}")
 
 
-def normalize_think(think: Any) -> tuple[str, str] | None:
+def normalize_think(think: Any) -> tuple[Any, ...] | None:
+    """``(open tag, close tag)`` or ``(open, close, max_chars)`` for a ``think`` value:
+    ``True``, a tag pair, or ``{"tags": (open, close), "max_chars": n}`` (a bound on the
+    thinking text, enforced by the grammar)."""
     if think is None or think is False:
         return None
     if think is True:
         return DEFAULT_THINK
+    if isinstance(think, Mapping):
+        tags = normalize_think(think.get("tags", True))
+        limit = think.get("max_chars")
+        if tags is None or (limit is not None and (not isinstance(limit, int) or limit < 0)):
+            raise ProgramError(f"think dict needs 'tags' and a non-negative int 'max_chars', not {think!r}")
+        return (tags[0], tags[1]) if limit is None else (tags[0], tags[1], limit)
     if isinstance(think, (tuple, list)) and len(think) == 2 and all(isinstance(t, str) and t for t in think):
         return (think[0], think[1])
-    raise ProgramError(f"think must be True or a pair of tags such as ('<think>', '</think>'), not {think!r}")
+    if (isinstance(think, tuple) and len(think) == 3 and isinstance(think[2], int)  # already normalized
+            and think[2] >= 0 and normalize_think(think[:2]) is not None):
+        return think
+    raise ProgramError(f"think must be True, a pair of tags such as ('<think>', '</think>') or "
+                       f"{{'tags': ..., 'max_chars': n}}, not {think!r}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,7 @@ class ToolCallSpec(GrammarSpec):
     mode: Literal["auto", "required", "none"] = "auto"
     allowed: tuple[str, ...] = ()
     max_calls: int = 1
-    think: tuple[str, str] | None = None
+    think: tuple[Any, ...] | None = None
 
     def describe(self) -> str:
         return f"tool calls ({self.mode}, {self.format}, tools {list(self.allowed)}, up to {self.max_calls})"
@@ -166,7 +179,7 @@ class ToolRequest:
         normalize_parallel(parallel)
         normalize_think(think)
         choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice
-        return cls(resolved, choice, parallel, tuple(think) if isinstance(think, list) else think)
+        return cls(resolved, choice, parallel, normalize_think(think))
 
     def choice(self) -> Any:
         c = self.tool_choice

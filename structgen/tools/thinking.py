@@ -29,7 +29,7 @@ class ThinkingSpec(GrammarSpec):
     """A thinking section, then ``inner`` (None: free text)."""
 
     inner: Any = None
-    think: tuple[str, str] | None = None
+    think: tuple[Any, ...] | None = None
     dtype: Any = None
 
     def describe(self) -> str:

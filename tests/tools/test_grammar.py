@@ -122,6 +122,10 @@ def test_think_section_then_the_constraint(compiler, tokenizer):
     assert turn.thinking == "I should add." and turn.calls[0].arguments.a == 1
     tagged = build_spec(TOOLS, FORMATS["structgen"], tool_choice="required", think=("<r>", "</r>"))
     assert accepts(compiler, tokenizer, tagged, "<r>hm</r>\n" + call)
+    bounded = build_spec(TOOLS, FORMATS["structgen"], tool_choice="required",
+                         think={"tags": ("<think>", "</think>"), "max_chars": 5})
+    assert accepts(compiler, tokenizer, bounded, "<think>abcde</think>\n" + call)
+    assert not accepts(compiler, tokenizer, bounded, "<think>abcdef</think>\n" + call)
 
 
 def test_thinking_before_json_and_regex(compiler, tokenizer):
