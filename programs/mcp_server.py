@@ -7,7 +7,7 @@ Run: ``python -m programs.mcp_server`` (it speaks MCP on stdin/stdout).
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 try:  # mcp 2.x
     from mcp.server.mcpserver import MCPServer as _Server
@@ -20,7 +20,7 @@ CAPITALS = {"france": "Paris", "japan": "Tokyo", "kenya": "Nairobi", "peru": "Li
 METERS = {"m": 1.0, "km": 1000.0, "cm": 0.01, "ft": 0.3048, "mi": 1609.344}
 
 
-class LengthUnit(str, Enum):
+class LengthUnit(StrEnum):
     m = "m"
     km = "km"
     cm = "cm"

@@ -16,7 +16,7 @@ import typing
 from typing import Any
 
 from structgen.errors import ProgramError
-from structgen.tools.definition import Tool, _function_model, _doc_parts, as_tools, clean_schema
+from structgen.tools.definition import Tool, _doc_parts, _function_model, as_tools, clean_schema
 
 __all__ = ["Agent", "program_tool"]
 

@@ -21,6 +21,7 @@ template's source and a probe render.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ def detect_format(template: ChatTemplate | None) -> ToolFormat:
 # -- the injected format -------------------------------------------------------------------
 def injected_system_text(tools: Sequence[dict[str, Any]]) -> str:
     """The instruction block added to the system turn for the ``structgen`` format."""
-    lines = "\n".join(json.dumps(t["function"] if "function" in t else t, ensure_ascii=False) for t in tools)
+    lines = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
     return ("You can call functions. Their definitions, as JSON schemas:\n<tools>\n" + lines + "\n</tools>\n"
             "To call functions, write <tool_call>[{\"name\": \"function name\", \"arguments\": "
             "{\"argument\": value}}, ...]</tool_call> with one object per call. "
@@ -130,10 +131,8 @@ def tools_template(template: ChatTemplate) -> tuple[ChatTemplate, ToolFormat]:
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     out = _tools_template(template)
-    try:
+    with contextlib.suppress(AttributeError):
         template._structgen_tools = out  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
     return out
 
 

@@ -168,7 +168,7 @@ def run_tools(s: Any, tools: Any, *, name: str = "agent", max_steps: int = 6, to
             for a, rec, calls in pending:
                 mine: list[ToolResult] = results[i:i + len(calls)]
                 i += len(calls)
-                for cr, res in zip(rec.calls, mine):
+                for cr, res in zip(rec.calls, mine, strict=True):
                     cr.result, cr.error, cr.duration_s = res.value, res.error, res.duration_s
                 a.state += tool_results(mine)
         for a in agents:

@@ -15,6 +15,7 @@ content is returned as data, text content as text. ``pip install 'structgen[mcp]
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -107,10 +108,8 @@ class MCPTools:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._main is not None:
-            try:
+            with contextlib.suppress(Exception):  # the server's exit status is not ours to report
                 self._main.result(timeout=self.timeout)
-            except Exception:
-                pass
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=self.timeout)

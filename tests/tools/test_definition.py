@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 import jsonschema
@@ -15,7 +15,7 @@ from structgen.errors import ProgramError
 from structgen.tools import ToolArgumentsError, as_tool, as_tools
 
 
-class Unit(str, Enum):
+class Unit(StrEnum):
     celsius = "celsius"
     fahrenheit = "fahrenheit"
 

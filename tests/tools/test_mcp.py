@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("mcp")
 
-import structgen as sg  # noqa: E402
-from structgen.backends.fake import FakeBackend  # noqa: E402
-from structgen.tools.formats import INJECTED  # noqa: E402
-from structgen.tools.mcp import MCPTools  # noqa: E402
+import structgen as sg
+from structgen.backends.fake import FakeBackend
+from structgen.tools.formats import INJECTED
+from structgen.tools.mcp import MCPTools
 
 
 @pytest.fixture(scope="module")

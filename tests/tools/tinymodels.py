@@ -65,8 +65,14 @@ SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 def build(family: str, out: Path) -> Path:
     """A tiny random ``family`` model (qwen2, llama, mistral) with its template, at ``out``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, \
-        Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     from structgen.backends.embedded.loader import load_tokenizer, save_model_dir
 
