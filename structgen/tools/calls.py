@@ -192,7 +192,7 @@ def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Se
         except StructgenError as exc:
             errors.append(f"call {i}: {exc.message if hasattr(exc, 'message') else exc}")
             continue
-        calls.append(ToolCall(id=call_id(i, name, args), name=name, arguments=typed, raw_arguments=dict(args), raw=raw))
+        calls.append(ToolCall(id=call_id(i, name, args), name=name, arguments=typed, raw_arguments=args if isinstance(args, dict) else {}, raw=raw))
     if errors:
         raise _fail("invalid tool call(s)", text, truncated, errors)
     return ToolTurn(content=content, calls=calls, thinking=thinking, raw=text)
