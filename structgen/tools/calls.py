@@ -192,7 +192,8 @@ def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Se
         except StructgenError as exc:
             errors.append(f"call {i}: {exc.message if hasattr(exc, 'message') else exc}")
             continue
-        calls.append(ToolCall(id=call_id(i, name, args), name=name, arguments=typed, raw_arguments=args if isinstance(args, dict) else {}, raw=raw))
+        plain = args if isinstance(args, dict) else {}
+        calls.append(ToolCall(id=call_id(i, name, plain), name=name, arguments=typed, raw_arguments=plain, raw=raw))
     if errors:
         raise _fail("invalid tool call(s)", text, truncated, errors)
     return ToolTurn(content=content, calls=calls, thinking=thinking, raw=text)
