@@ -58,7 +58,7 @@ class ThinkingSpec(GrammarSpec):
 
 
 def _lark_regex(pattern: str) -> str:
-    from structgen.constraints.llguidance_engine import python_regex_to_rust
+    from structgen.constraints.engines.llguidance import python_regex_to_rust
 
     return "/" + python_regex_to_rust(pattern).replace("/", "\\/") + "/"
 
