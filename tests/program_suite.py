@@ -14,15 +14,19 @@ import jsonschema
 
 import structgen as sg
 from programs import (
+    calculator_agent,
     chat,
     classify,
     dtype_gen,
     few_shot_qa,
     json_extraction,
+    mcp_agent,
     parallel_decoding,
     parallel_encoding,
     react,
     regex_gen,
+    sqlite_agent,
+    subagents,
 )
 from tests.jsontext import outside_strings
 
@@ -103,6 +107,65 @@ def check_dtype_gen(backend):
     assert re.fullmatch(sg.REGEX_FLOAT, st["weight"]) and isinstance(st.value("weight"), float)
     assert st["mammal"] in ("True", "False") and isinstance(st.value("mammal"), bool)
     assert re.fullmatch(sg.REGEX_STR, st["name"]) and isinstance(st.value("name"), str)
+
+
+_STOPS = {"answer", "max_steps", "max_calls", "max_seconds", "loop_guard", "final_tool"}
+
+
+def _check_agent_run(st, var, tool_names):
+    """Structure of a finished tool loop: its record, every call valid, the conversation's roles."""
+    res = st.value(var)
+    assert res.stopped in _STOPS and 1 <= len(res.steps)
+    assert st[var] == (res.answer or "")
+    if res.stopped == "answer":
+        assert "<tool_call>" not in res.answer
+    for step in res.steps:
+        turn = st.value(step.variable)
+        assert [c.name for c in turn.calls] == [c.tool for c in step.calls]
+        for call, rec in zip(turn.calls, step.calls, strict=True):
+            assert rec.tool in tool_names and rec.arguments == call.raw_arguments
+            assert (rec.error is None) or isinstance(rec.error, str)
+    roles = [m["role"] for m in st.messages()]
+    assert roles[-1] in ("assistant", "tool") and "assistant" in roles
+    return res
+
+
+def check_calculator_agent(backend):
+    assert calculator_agent.calculate(expression="(2 + 3) * 4") == 20
+    st = calculator_agent.agent.run("What is 12 * 7, and how many metres are 2 km?", backend=backend)
+    res = _check_agent_run(st, "answer", {"calculate", "convert"})
+    for rec in res.calls:
+        if rec.tool == "convert" and rec.error is None:
+            assert isinstance(rec.result, float)
+
+
+def check_sqlite_agent(backend):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        st = sqlite_agent.sqlite_agent.run(question="Which cities of Japan are listed?", folder=folder,
+                                           backend=backend)
+        assert Path(st["database"]).is_file() and Path(st["database"]).parent == Path(folder)
+        res = _check_agent_run(st, "answer", {"list_tables", "query"})
+        for rec in res.calls:
+            if rec.tool == "query" and rec.error is None:
+                assert isinstance(rec.result, list)
+
+
+def check_subagents(backend):
+    topics = ["Paris", "Tokyo", "Lima"]
+    st = subagents.research.run(topics=topics, backend=backend)
+    assert len(st["findings"]) == 3 and all(isinstance(f, str) for f in st["findings"])
+    assert all(1 <= n <= 2 for n in st["steps"])
+    assert "\n" not in st["summary"]
+
+
+def check_mcp_agent(backend):
+    with mcp_agent.server() as srv:
+        st = mcp_agent.mcp_agent.run(question="What is the capital of Peru?", tools=list(srv.tools),
+                                     backend=backend)
+        _check_agent_run(st, "answer", {t.name for t in srv.tools})
 
 
 CASES = {name[len("check_"):]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
