@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -67,23 +66,24 @@ def bfcl_turn(s, messages, tools, constrained, parallel, max_tokens):
 
 
 def parse_free(text: str) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
-    """Calls in free text as a user would read them: ``(calls, attempted)``; a call block
-    that does not parse is an invalid attempt (no calls)."""
+    """Calls in free text as a user would read them: ``(calls, parsed)``; a call block
+    that does not parse is an invalid output (no calls)."""
     at = text.find("<tool_call>")
     if at < 0:
-        return [], False
+        return [], True
     body = text[at + len("<tool_call>"):]
     end = body.find("</tool_call>")
     body = body[:end] if end >= 0 else body
     try:
         data = json.loads(body.strip())
     except ValueError:
-        return [], True
+        return [], False
     items = data if isinstance(data, list) else [data]
     calls = []
     for it in items:
-        if not isinstance(it, dict) or not isinstance(it.get("name"), str) or not isinstance(it.get("arguments", {}), dict):
-            return [], True
+        if (not isinstance(it, dict) or not isinstance(it.get("name"), str)
+                or not isinstance(it.get("arguments", {}), dict)):
+            return [], False
         calls.append((it["name"], it.get("arguments", {})))
     return calls, True
 
@@ -111,11 +111,9 @@ def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tok
             else:
                 invalid += 1
         else:
-            calls, attempted = parse_free("" if err else st["out"])
-            if attempted and not calls:
-                invalid += 1
-            else:
-                valid += 1
+            calls, parsed = parse_free("" if err else st["out"])
+            valid += parsed
+            invalid += not parsed
         ncalls += len(calls)
         per_cat.setdefault(cat.name, []).append(check_calls(calls, rec, cat))
     return {"per_cat": per_cat, "valid": valid, "invalid": invalid, "calls": ncalls, "wall": wall}
@@ -236,7 +234,8 @@ def main() -> None:
     print(header)
     for c in cats:
         print(f"{c.name:<20}" + "".join(f"{acc(r['per_cat'][c.name]):>16.3f}" for r in runs.values()))
-    print(f"{'valid outputs':<20}" + "".join(f"{r['valid'] / (r['valid'] + r['invalid']):>16.3f}" for r in runs.values()))
+    print(f"{'valid outputs':<20}"
+          + "".join(f"{r['valid'] / (r['valid'] + r['invalid']):>16.3f}" for r in runs.values()))
     print(f"{'calls':<20}" + "".join(f"{r['calls']:>16d}" for r in runs.values()))
     print(f"{'wall s':<20}" + "".join(f"{r['wall']:>16.1f}" for r in runs.values()))
     a, a_irr = summary(runs["structgen"], cats)

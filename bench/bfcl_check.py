@@ -90,9 +90,8 @@ def to_json_schema(node: Any) -> Any:
         return node
     out: dict[str, Any] = {}
     kind = node.get("type")
-    if isinstance(kind, str):
-        if kind != "any":
-            out["type"] = _TYPES.get(kind, kind)
+    if isinstance(kind, str) and kind != "any":
+        out["type"] = _TYPES.get(kind, kind)
     for key in ("description", "enum", "default", "minimum", "maximum", "format", "pattern"):
         if key in node and not (key == "default" and node[key] is None):
             out[key] = node[key]

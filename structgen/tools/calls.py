@@ -119,6 +119,11 @@ def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> li
         if not text.startswith(fmt.open + "["):
             raise _fail(f"expected {fmt.open}[ to start the calls", raw, truncated)
         pos = len(fmt.open) + 1
+        if text.startswith("]" + fmt.close, pos):  # an empty list: no call
+            pos += 1 + len(fmt.close)
+            if text[pos:].strip():
+                raise _fail(f"unexpected text after the tool calls: {text[pos:pos + 40]!r}", raw, truncated)
+            return out
         while True:
             try:
                 obj, end = dec.raw_decode(text, pos)
@@ -172,6 +177,10 @@ def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Se
         raise _fail("tool calls are not allowed here (tool_choice='none')", text, truncated)
     content = body[:at]
     objects = _decode_objects(body[at:], fmt, text, truncated)
+    if not objects:  # "<tool_call>[]</tool_call>": the model chose not to call
+        if mode == "required":
+            raise _fail("a tool call was required but the model made none", text, truncated)
+        return ToolTurn(content=content, thinking=thinking, raw=text)
     if len(objects) > max_calls:
         raise _fail(f"{len(objects)} tool calls, at most {max_calls} allowed", text, truncated)
     by_name = {t.name: t for t in tools}

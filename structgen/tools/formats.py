@@ -12,7 +12,8 @@ tool list itself (the ``tools`` argument of ``apply_chat_template``). Known synt
 A template that does not render tools (SmolLM2-135M's, for one) gets the one documented
 prompt-injected format, ``structgen``: the tool list as JSON lines inside ``<tools>`` in
 the system turn, and calls written as ``<tool_call>[{"name": ..., "arguments": ...}, ...]</tool_call>``
-(SmolLM2's own function-calling format), free text allowed before the call.
+(SmolLM2's own function-calling format, instructed as its model card does), free text allowed
+before the call; under ``auto`` an empty list (``<tool_call>[]</tool_call>``) means no call.
 
 Arguments are JSON as ``tojson`` writes it (``", "`` and ``": "``), the way the templates
 render a call back into the history. :func:`detect_format` picks the format from a
@@ -107,10 +108,14 @@ def detect_format(template: ChatTemplate | None) -> ToolFormat:
 def injected_system_text(tools: Sequence[dict[str, Any]]) -> str:
     """The instruction block added to the system turn for the ``structgen`` format."""
     lines = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return ("You can call functions. Their definitions, as JSON schemas:\n<tools>\n" + lines + "\n</tools>\n"
-            "To call functions, write <tool_call>[{\"name\": \"function name\", \"arguments\": "
-            "{\"argument\": value}}, ...]</tool_call> with one object per call. "
-            "If no function fits, answer in plain text.")
+    return ("You are an expert in composing functions. You are given a question and a set of possible "
+            "functions. Based on the question, make one or more function calls to achieve the purpose. "
+            "If none of the functions can be used, say so in plain text instead.\n\n"
+            "You have access to the following tools:\n<tools>\n" + lines + "\n</tools>\n\n"
+            "To call functions, answer in exactly this format, with one object per call and the right "
+            "argument types:\n<tool_call>[{\"name\": \"func_name1\", \"arguments\": {\"argument1\": "
+            "\"value1\"}}, ... (more calls as required)]</tool_call>\n"
+            "If no function call is needed, make the calls an empty list: <tool_call>[]</tool_call>")
 
 
 def _inject(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

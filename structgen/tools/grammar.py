@@ -83,8 +83,8 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
         opener = lark_literal(fmt.open + "[")
         closer = lark_literal("]" + fmt.close)
         rest = f"({sep} call){more}" if more else ""
-        if fmt.text_before and mode == "auto":
-            lines.append(f"calls: lead call {rest} {closer}")
+        if fmt.text_before and mode == "auto":  # "[]": no call (the injected format's convention)
+            lines.append(f"calls: lead (call {rest})? {closer}")
             lines.append(f"lead[lazy]: /(?s:.*)/ {opener}")
         else:
             lines.append(f"calls: {opener} call {rest} {closer}")

@@ -118,8 +118,9 @@ def _vllm(version):
 
     rec = Recorder({"GET /version": {"version": version},
                     "GET /v1/models": {"data": [{"id": "m", "root": "/nonexistent"}]},
-                    "POST /v1/completions": {"choices": [{"text": '<tool_call>[{"name": "flag", "arguments": '
-                                                                  '{"on": true}}]</tool_call>', "finish_reason": "stop"}]}})
+                    "POST /v1/completions": {"choices": [{
+                        "text": '<tool_call>[{"name": "flag", "arguments": {"on": true}}]</tool_call>',
+                        "finish_reason": "stop"}]}})
     return VLLMBackend("http://127.0.0.1:9", max_retries=0, tokenizer=resolve_model_dir(), **rec.transports()), rec
 
 

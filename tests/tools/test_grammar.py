@@ -104,6 +104,16 @@ def test_required_named_allowed_none(fmt, compiler, tokenizer):
     assert not accepts(compiler, tokenizer, k3, calls_text(fmt, [("add", {"a": i, "b": i}) for i in range(4)]))
 
 
+def test_injected_empty_list_means_no_call(compiler, tokenizer):
+    auto = build_spec(TOOLS, FORMATS["structgen"], tool_choice="auto")
+    assert accepts(compiler, tokenizer, auto, "<tool_call>[]</tool_call>")
+    assert auto.validate_output("<tool_call>[]</tool_call>").calls == []
+    required = build_spec(TOOLS, FORMATS["structgen"], tool_choice="required")
+    assert not accepts(compiler, tokenizer, required, "<tool_call>[]</tool_call>")
+    with pytest.raises(OutputValidationError):
+        required.validate_output("<tool_call>[]</tool_call>")
+
+
 def test_answer_never_contains_the_trigger(compiler, tokenizer):
     spec = build_spec(TOOLS, FORMATS["hermes"], tool_choice="auto")
     assert not accepts(compiler, tokenizer, spec, "text <tool_call> more text")

@@ -1,0 +1,68 @@
+"""The BFCL benchmark's own AST-style checker (bench/bfcl_check.py)."""
+
+from __future__ import annotations
+
+import json
+
+from bench.bfcl_check import Category, Record, check_calls, load_categories, to_json_schema
+
+FUNCS = [{"name": "math.area", "parameters": {"type": "dict", "properties": {
+    "base": {"type": "integer"}, "height": {"type": "float"}, "unit": {"type": "string"},
+    "dims": {"type": "tuple", "items": {"type": "integer"}}}, "required": ["base", "height"]}},
+    {"name": "lookup", "parameters": {"type": "dict", "properties": {"q": {"type": "string"}}, "required": ["q"]}}]
+GOLD = [{"math.area": {"base": [10], "height": [5.0], "unit": ["units", ""], "dims": [[1, 2], ""]}}]
+
+
+def rec(gold=GOLD):
+    return Record("x", [{"role": "user", "content": "?"}], FUNCS, gold)
+
+
+def test_simple_rules():
+    simple = Category("simple_python")
+    ok = [("math_area", {"base": 10, "height": 5}), ("math_area", {"base": 10.0, "height": 5, "unit": " Units"}),
+          ("math_area", {"base": 10, "height": 5, "dims": [1, 2]})]
+    bad = [("lookup", {"q": "x"}),                                       # wrong function
+           ("math_area", {"base": 10}),                                  # required missing
+           ("math_area", {"base": 10, "height": 5, "color": "red"}),     # unknown parameter
+           ("math_area", {"base": 11, "height": 5}),                     # value not accepted
+           ("math_area", {"base": "10", "height": 5}),                   # a string is not a number
+           ("math_area", {"base": 10, "height": 5, "dims": [2, 1]})]     # list order matters
+    for call in ok:
+        assert check_calls([call], rec(), simple), call
+    for call in bad:
+        assert not check_calls([call], rec(), simple), call
+    assert not check_calls([], rec(), simple)
+    assert not check_calls([ok[0], ok[0]], rec(), simple)
+
+
+def test_parallel_any_order_and_irrelevance():
+    par = Category("parallel_multiple")
+    gold = [{"lookup": {"q": ["Paris"]}}, {"math.area": {"base": [1], "height": [2]}}]
+    calls = [("math_area", {"base": 1, "height": 2.0}), ("lookup", {"q": "paris"})]
+    assert check_calls(calls, rec(gold), par) and check_calls(calls[::-1], rec(gold), par)
+    assert not check_calls(calls[:1], rec(gold), par)
+    assert not check_calls([calls[1], calls[1]], rec(gold), par)
+    irr = Category("irrelevance")
+    assert check_calls([], rec(None), irr) and not check_calls(calls[:1], rec(None), irr)
+
+
+def test_rules_come_from_file_names(tmp_path):
+    (tmp_path / "possible_answer").mkdir()
+    for name in ("live_parallel_multiple", "live_irrelevance", "live_simple"):
+        item = {"id": f"{name}_0", "question": [[{"role": "user", "content": "?"}]], "function": FUNCS}
+        (tmp_path / f"BFCL_v4_{name}.json").write_text(json.dumps(item) + "\n")
+        if "irrelevance" not in name:
+            gold = {"id": f"{name}_0", "ground_truth": GOLD}
+            (tmp_path / "possible_answer" / f"BFCL_v4_{name}.json").write_text(json.dumps(gold) + "\n")
+    cats = {c.name: c for c in load_categories(tmp_path)}
+    assert set(cats) == {"live_parallel_multiple", "live_irrelevance", "live_simple"}
+    assert cats["live_parallel_multiple"].parallel and cats["live_parallel_multiple"].multiple
+    assert cats["live_irrelevance"].irrelevance and not cats["live_simple"].parallel
+
+
+def test_bfcl_types_become_json_schema():
+    schema = to_json_schema(FUNCS[0]["parameters"])
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+    assert schema["properties"]["height"] == {"type": "number"}
+    assert schema["properties"]["dims"] == {"type": "array", "items": {"type": "integer"}}
+    assert to_json_schema({"type": "any"}) == {}
