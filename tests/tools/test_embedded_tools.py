@@ -80,6 +80,19 @@ def test_every_turn_is_valid(embedded_backend, gen):
     assert meta["tool_calls"] == [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]
 
 
+def test_thinking_then_a_json_schema(embedded_backend):
+    @sg.program
+    def rate(s):
+        s += sg.user("Rate the movie Alien from 1 to 5.")
+        s += sg.assistant(sg.gen("r", json_schema={"type": "object", "properties": {"stars": {"enum": [1, 2, 3, 4, 5]}},
+                                                   "required": ["stars"], "additionalProperties": False},
+                                 think={"tags": ("<think>", "</think>"), "max_chars": 40}, max_tokens=64))
+
+    st = rate.run(backend=embedded_backend)
+    assert st["r"].startswith("<think>") and st.value("r")["stars"] in (1, 2, 3, 4, 5)
+    assert isinstance(st.get_meta_info("r")["thinking"], str)
+
+
 def test_agent_loop_records_cached_and_computed_tokens(embedded_backend):
     agent = sg.Agent(TOOLS, system="Use the tools.", max_steps=2, tool_choice="required", parallel_tool_calls=False)
     st = agent.run("What is the capital of France?", backend=embedded_backend)
