@@ -7,6 +7,10 @@ dialect depends on the server's ``--grammar-backend``: xgrammar (default) reads 
 llguidance reads Lark, outlines reads none. structgen's grammars are Lark, so grammar
 constraints are declared only for an llguidance server (read from ``/get_server_info``).
 
+Tool-calling turns are the same Lark grammar in ``ebnf`` (an llguidance grammar backend
+only); with xgrammar or outlines they are a CapabilityError before sending (the native
+``/generate`` route has no tools).
+
 ``select`` follows SGLang's own runtime endpoint: the prompt's token count from a
 ``max_new_tokens=0`` call, then prompt+choice with ``return_logprob`` and
 ``logprob_start_len`` just before the boundary; ``input_token_logprobs`` entries are

@@ -7,6 +7,13 @@ Version matters (vllm-project/vllm#15636, dottxt-ai/outlines#1887):
   are *accepted and silently ignored* from 0.12 on, so they are never sent to such a server;
 - before 0.10.2 only the ``guided_*`` fields exist, and they are what is sent there.
 
+Tool-calling turns (``gen(tools=...)``) are a Lark grammar (``structured_outputs.grammar``,
+read by vLLM's guidance backend), which is stronger here than vLLM's own tool calling: in
+0.32 its ``auto`` constrains calls only for parsers that have an xgrammar structural tag
+(hermes, llama, qwen...; not e.g. ``xlam``, SmolLM2's format) and only on the chat route,
+and ``required`` forces a JSON array rather than the model's own syntax. Before 0.10.2
+there is no Lark route: a CapabilityError before sending. Calls are validated either way.
+
 ``select`` is scored from prompt log-probabilities (``prompt_logprobs``), with the prompt /
 choice token boundary found by ``/tokenize`` (shared first tokens and leading spaces are
 scored as the engine tokenizes them, whatever their merge).
