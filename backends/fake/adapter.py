@@ -50,7 +50,7 @@ class FakeBackend(Backend):
         self._responder = responder
         self._selector = selector
         self.capabilities = capabilities or Capabilities(
-            regex=True, json_schema=True, grammar=True, choices=True, select="logprobs",
+            regex=True, json_schema=True, grammar=True, choices=True, select="logprobs", tools=True,
             logprobs=True, streaming=True, sampling=_ALL_SAMPLING)
         self._template = ChatTemplate(render, name="fake-chatml") if render else None
         self.requests: list[GenerateRequest | SelectRequest] = []

@@ -22,6 +22,7 @@ from structgen.backends.llamacpp.gbnf import (
     json_schema_to_gbnf,
     regex_to_gbnf,
 )
+from structgen.backends.llamacpp.tool_gbnf import tool_gbnf
 from structgen.backends.openai.adapter import OpenAICompatBackend
 from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
@@ -34,6 +35,7 @@ from structgen.constraints.spec import (
 from structgen.constraints.validation import validate_output
 from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
 from structgen.errors import CapabilityError
+from structgen.tools.spec import ToolCallSpec
 
 __all__ = ["GBNF", "LlamaCppBackend", "grammar_for"]
 
@@ -62,6 +64,11 @@ def _lark_gbnf(spec: GrammarSpec, ctx: Any) -> str:
                           hint="llama.cpp reads GBNF only")
 
 
+@GBNF.register(ToolCallSpec)
+def _tools_gbnf(spec: ToolCallSpec, ctx: Any) -> str:
+    return tool_gbnf(spec)
+
+
 def grammar_for(spec: ConstraintSpec, *, backend: str = "llamacpp", version: str | None = None) -> str:
     return GBNF(spec, SimpleNamespace(name=backend, version=version))
 
@@ -83,7 +90,8 @@ class LlamaCppBackend(OpenAICompatBackend):
     def _capabilities_for(self, version: str | None) -> Capabilities:
         return Capabilities(
             regex=True, json_schema=True, grammar=False, choices=True, select="choice",
-            logprobs=False, prefix_cache=False, fork=True, tools=False, streaming=False,
+            # tool calls: structgen's own GBNF of the turn (tool_gbnf.py)
+            logprobs=False, prefix_cache=False, fork=True, tools=True, streaming=False,
             chat_messages=False,
             sampling=frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
                                 "seed", "frequency_penalty", "presence_penalty"}))

@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from structgen.backends.openai.tools import calls_text, chat_tool_messages, tool_fields
 from structgen.constraints.kind import Translations
 from structgen.constraints.spec import ChoiceSpec, ConstraintSpec, JsonSchemaSpec
 from structgen.contract.backend import (
@@ -27,6 +28,7 @@ from structgen.contract.backend import (
 )
 from structgen.contract.server import Call, Flow, ServerBackend, finish_reason, require, text_field
 from structgen.errors import BackendError, CapabilityError, OutputValidationError
+from structgen.tools.spec import ToolCallSpec
 
 __all__ = ["ANSWERS", "FIELDS", "OpenAIBackend", "OpenAICompatBackend", "openai_sampling"]
 
@@ -110,8 +112,11 @@ class OpenAICompatBackend(ServerBackend):
             payload.update(self.constraint_fields(request.constraint))
         return payload
 
-    def chat_messages(self, request: GenerateRequest) -> list[dict[str, str]]:
-        msgs = [{"role": m.role, "content": m.content} for m in request.messages]
+    def chat_messages(self, request: GenerateRequest) -> list[dict[str, Any]]:
+        msgs: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in request.messages]
+        for msg, m in zip(msgs, request.messages, strict=True):
+            if m.tool_call_id:  # a tool result answers this call
+                msg["tool_call_id"] = m.tool_call_id
         if not msgs:
             return [{"role": "user", "content": request.prompt}]
         if msgs[-1]["role"] == "assistant" and not msgs[-1]["content"]:
@@ -173,6 +178,9 @@ class OpenAIBackend(OpenAICompatBackend):
 
     def build_payload(self, request: GenerateRequest) -> dict[str, Any]:
         payload = super().build_payload(request)
+        if isinstance(request.constraint, ToolCallSpec):  # gen(tools=...): the API's own tool calling
+            payload["messages"] = chat_tool_messages(payload["messages"], request.constraint)
+            return payload
         if self.tools:
             payload["tools"] = self.tools
             if self.tool_choice is not None:
@@ -246,3 +254,17 @@ def _choice_answer(spec: ChoiceSpec, request: GenerateRequest, result: GenerateR
                                     program=request.program, variable=request.variable)
     result.meta["raw"] = result.text
     result.text = value
+
+
+@FIELDS.register(ToolCallSpec)
+def _tool_fields(spec: ToolCallSpec, backend: OpenAIBackend) -> dict[str, Any]:
+    if spec.think is not None:
+        raise CapabilityError("a thinking section before tool calls (needs a grammar)", backend=backend.name,
+                              version=backend.version)
+    return tool_fields(spec)
+
+
+@ANSWERS.register(ToolCallSpec)
+def _tool_answer(spec: ToolCallSpec, request: GenerateRequest, result: GenerateResult) -> None:
+    result.text = calls_text(spec, {"content": result.text, "tool_calls": result.meta.get("tool_calls")},
+                             truncated=result.finish_reason == "length")

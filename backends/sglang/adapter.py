@@ -94,7 +94,7 @@ class SGLangBackend(ServerBackend):
         return Capabilities(
             regex=gb != "none", json_schema=gb != "none", grammar=gb == "llguidance",
             choices=gb != "none", select="logprobs", logprobs=True, prefix_cache=True, fork=True,
-            tools=False, streaming=False, chat_messages=False,
+            tools=gb == "llguidance", streaming=False, chat_messages=False,  # tool calls: the Lark grammar
             sampling=frozenset(_SAMPLING) - {"n"} | {"return_logprob", "logprob_start_len",
                                                    "top_logprobs_num", "seed"})
 

@@ -86,7 +86,8 @@ class VLLMBackend(OpenAICompatBackend):
         lark = not v or v >= STRUCTURED_OUTPUTS_SINCE  # older servers read EBNF grammars only
         return Capabilities(
             regex=True, json_schema=True, grammar=lark, choices=True, select="logprobs",
-            logprobs=True, prefix_cache=True, fork=True, tools=False, streaming=False,
+            # tool calls travel as the Lark grammar (see the module docstring)
+            logprobs=True, prefix_cache=True, fork=True, tools=lark, streaming=False,
             chat_messages=False,
             sampling=frozenset({"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
                                 "min_p", "stop", "stop_token_ids", "seed", "frequency_penalty",

@@ -109,6 +109,9 @@ def _set_fields(self: SamplingParams) -> frozenset[str]:
 class Message:
     role: str
     content: str
+    #: a tool result's call id and tool name (the ``tool`` role), for chat APIs
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)

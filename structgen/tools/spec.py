@@ -6,9 +6,10 @@ the backend's chat template (:meth:`ToolRequest.resolve`): the template decides 
 format (:mod:`structgen.tools.formats`), and the result is a :class:`ToolCallSpec`.
 
 A :class:`ToolCallSpec` *is* a grammar constraint (a subclass of ``GrammarSpec`` carrying
-the Lark grammar of :mod:`structgen.tools.grammar`), so every backend that enforces
-llguidance grammars enforces it unchanged; backends with native tool calling read its
-``tools`` / ``tool_choice`` / ``max_calls`` instead. Either way the output is checked by
+the Lark grammar of :mod:`structgen.tools.grammar`), so every engine and backend translation
+registered for grammars serves it unchanged; it is also its own constraint kind (``tools``,
+:mod:`structgen.constraints.kind`) so a backend says with ``Capabilities.tools`` whether it
+serves tool turns, and a backend with native tool calling registers its own translation. Either way the output is checked by
 :meth:`ToolCallSpec.validate_output`, which parses the turn and validates every call.
 
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
@@ -26,7 +27,8 @@ from typing import Any, Literal
 
 from structgen.constraints.spec import GrammarSpec
 from structgen.contract.chat_template import ChatTemplate
-from structgen.errors import CapabilityError, ProgramError
+from structgen.constraints.kind import ConstraintKind, register_kind
+from structgen.errors import ProgramError
 from structgen.tools.calls import ToolTurn, parse_turn
 from structgen.tools.definition import Tool, as_tools
 from structgen.tools.formats import FORMATS, INJECTED, ToolFormat, tools_template
@@ -124,22 +126,6 @@ class ToolCallSpec(GrammarSpec):
     def allowed_tools(self) -> tuple[Tool, ...]:
         return tuple(t for t in self.tools if t.name in self.allowed)
 
-    def check_capabilities(self, backend: Any, request: Any) -> None:
-        """Before sending: a backend needs llguidance grammars or native tool calling."""
-        caps = backend.capabilities
-        if not (caps.grammar or caps.tools):
-            raise CapabilityError("tool calls (the backend has neither grammars nor native tools)",
-                                  backend=backend.name, version=backend.version, program=request.program,
-                                  variable=request.variable)
-        if not caps.grammar and self.think is not None:
-            raise CapabilityError("a thinking section before tool calls (needs a grammar)",
-                                  backend=backend.name, version=backend.version, program=request.program,
-                                  variable=request.variable)
-        unsupported = sorted(request.params.set_fields() - caps.sampling)
-        if unsupported:
-            raise CapabilityError(f"sampling parameter(s) {', '.join(unsupported)}", backend=backend.name,
-                                  version=backend.version, program=request.program, variable=request.variable)
-
     def validate_output(self, text: str, *, truncated: bool = False) -> ToolTurn:
         return parse_turn(text, self.call_format, self.tools, allowed=self.allowed, max_calls=self.max_calls,
                           mode=self.mode, think=self.think, truncated=truncated)
@@ -148,6 +134,12 @@ class ToolCallSpec(GrammarSpec):
         """The canonical text of ``calls`` in this spec's format (native API results)."""
         text = self.call_format.render_calls(calls, content)
         return text
+
+
+#: a tool-calling turn is its own kind: backends declare ``Capabilities.tools`` when they serve
+#: it (by the grammar, which it also is, or by a native tool API)
+register_kind(ConstraintKind(name="tools", spec_type=ToolCallSpec, feature="tools", description="tool calls",
+                             validate=lambda spec, text, truncated: spec.validate_output(text, truncated=truncated)))
 
 
 def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "auto", parallel: Any = False,

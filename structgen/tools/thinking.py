@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from structgen.constraints.spec import GrammarSpec, JsonSchemaSpec, RegexSpec, dtype_spec, json_schema_spec, regex_spec
+from structgen.constraints.kind import ConstraintKind, register_kind
 from structgen.errors import OutputValidationError
 from structgen.tools.calls import split_thinking
 from structgen.tools.grammar import think_prefix
@@ -55,6 +56,11 @@ class ThinkingSpec(GrammarSpec):
 
             return _convert_dtype(self.dtype, rest)
         return value
+
+
+register_kind(ConstraintKind(name="thinking", spec_type=ThinkingSpec, feature="grammar",
+                             description="a thinking section before a constraint (needs grammars)",
+                             validate=lambda spec, text, truncated: spec.validate_output(text, truncated=truncated)))
 
 
 def _lark_regex(pattern: str) -> str:

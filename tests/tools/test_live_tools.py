@@ -87,3 +87,34 @@ def test_vllm_agent_loop(vllm):
     res = st.value("agent")
     assert res.stopped in ("max_steps", "loop_guard") and all(len(s.calls) == 1 for s in res.steps)
     assert all(c.error is None for c in res.calls)
+
+
+# -- llama.cpp (llama-cpp-python's server, SmolLM2 GGUF): the turn as GBNF ---------------------
+@pytest.fixture(scope="module")
+def llamacpp():
+    from tests.servers import llamacpp as llamacpp_server
+
+    if llamacpp_server.python() is None:
+        root = Path(os.environ.get("STRUCTGEN_ENGINES") or Path.home() / ".cache" / "structgen" / "engines")
+        llamacpp_server.VENV = root / "llamacpp"
+    require_server(llamacpp_server.python() is not None, "llama-cpp-python[server]")
+    from structgen.backends.embedded.loader import default_gguf_path, resolve_model_dir
+    from structgen.backends.llamacpp import LlamaCppBackend
+
+    srv = llamacpp_server.start(str(default_gguf_path()), LOG_DIR)
+    be = LlamaCppBackend(srv.url, tokenizer=resolve_model_dir(), timeout=300)
+    yield be
+    be.close()
+    srv.stop()
+
+
+@pytest.mark.parametrize("gen", [{"tool_choice": "required", "parallel_tool_calls": 2}, {"tool_choice": "level"},
+                                 {"tool_choice": "auto"}], ids=["required-k2", "named", "auto"])
+def test_llamacpp_tool_calls(llamacpp, gen):
+    st = turn.run(backend=llamacpp, **gen)
+    calls = st.tool_calls("turn")
+    if gen["tool_choice"] != "auto":
+        assert 1 <= len(calls) <= 2
+    if gen["tool_choice"] == "level":
+        assert [c.name for c in calls] == ["level"]
+    assert all(c.name in ("switch", "level") for c in calls)
