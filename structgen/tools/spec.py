@@ -9,8 +9,9 @@ A :class:`ToolCallSpec` *is* a grammar constraint (a subclass of ``GrammarSpec``
 the Lark grammar of :mod:`structgen.tools.grammar`), so every engine and backend translation
 registered for grammars serves it unchanged; it is also its own constraint kind (``tools``,
 :mod:`structgen.constraints.kind`) so a backend says with ``Capabilities.tools`` whether it
-serves tool turns, and a backend with native tool calling registers its own translation. Either way the output is checked by
-:meth:`ToolCallSpec.validate_output`, which parses the turn and validates every call.
+serves tool turns, and a backend with native tool calling registers its own translation.
+Either way the output is checked by :meth:`ToolCallSpec.validate_output`, which parses the turn
+and validates every call.
 
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
 answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
@@ -25,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from structgen.constraints.kind import ConstraintKind, register_kind
 from structgen.constraints.spec import GrammarSpec
 from structgen.contract.chat_template import ChatTemplate
-from structgen.constraints.kind import ConstraintKind, register_kind
 from structgen.errors import ProgramError
 from structgen.tools.calls import ToolTurn, parse_turn
 from structgen.tools.definition import Tool, as_tools

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from structgen.constraints.spec import GrammarSpec, JsonSchemaSpec, RegexSpec, dtype_spec, json_schema_spec, regex_spec
 from structgen.constraints.kind import ConstraintKind, register_kind
+from structgen.constraints.spec import GrammarSpec, dtype_spec, json_schema_spec, regex_spec
 from structgen.errors import OutputValidationError
 from structgen.tools.calls import split_thinking
 from structgen.tools.grammar import think_prefix
@@ -78,11 +78,9 @@ def thinking_spec(think: Any, *, regex: str | None = None, json_schema: Any = No
     extra = ["REST: /(?s:.*)/"]
     if regex is not None or dtype is not None:
         inner = regex_spec(regex) if regex is not None else dtype_spec(dtype)
-        assert isinstance(inner, RegexSpec)
         extra = [f"REST: {_lark_regex(inner.pattern)}"]
     elif json_schema is not None:
         inner = json_schema_spec(json_schema, whitespace=whitespace)
-        assert isinstance(inner, JsonSchemaSpec)
         schema = json.loads(inner.schema)
         if isinstance(schema, dict):
             schema = {**schema, "x-guidance": {"whitespace_flexible": whitespace == "flexible"}}
