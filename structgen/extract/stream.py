@@ -35,12 +35,19 @@ class Done:
 
 
 def model_id(backend: Any) -> str:
-    """What identifies the model behind a backend (part of every progress key)."""
+    """What identifies the model behind a backend (part of every progress key): its name,
+    path or served name, and for an in-process model its dtype (it changes the output)."""
+    out = str(backend.name)
     for attr in ("model_path", "model", "base_url"):
         value = getattr(backend, attr, None)
         if isinstance(value, str) and value:
-            return f"{backend.name}:{value}"
-    return str(backend.name)
+            out = f"{backend.name}:{value}"
+            break
+    runner = getattr(backend, "runner", None)
+    if callable(runner):
+        with contextlib.suppress(Exception):
+            out += f":{runner().model.dtype}"
+    return out
 
 
 def record_key(extractor: Extractor, record: InputRecord, model: str) -> tuple[str, Any]:
