@@ -3,9 +3,12 @@
 llama.cpp has no regex field, and its own JSON-schema conversion ignores
 ``minimum``/``maximum`` and lets control characters into strings. So structgen sends its
 own grammar: :func:`regex_to_gbnf` walks Python's regex parse tree; :func:`json_schema_to_gbnf`
-writes compact JSON (no whitespace) for the common schema subset. Keywords a grammar
-cannot express exactly (numeric bounds, ``format``, ``uniqueItems``...) are loosened, and
-the adapter validates the output against the original schema afterwards.
+writes compact JSON (no whitespace) from the *normalised* schema
+(:func:`structgen.constraints.schema.prepare_schema`: checked, local ``$ref`` s inlined or
+hoisted into ``$defs``, ``allOf`` merged, ``not`` / ``if`` rewritten). Keywords a grammar
+cannot express exactly (numeric bounds, ``format``, ``uniqueItems``, an ``allOf`` the
+normaliser could not merge...) are loosened, and the adapter validates the output against
+the original schema afterwards.
 
 Unsupported regex features (look-arounds, back-references) raise
 :class:`~structgen.errors.ConstraintError` before anything is sent.
@@ -23,6 +26,9 @@ except ImportError:  # pragma: no cover
     import sre_constants as sre_c  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
+from structgen.constraints.schema import prepare_schema
+from structgen.constraints.schema.merge import conj
+from structgen.constraints.schema.refs import HOISTED_PREFIX
 from structgen.errors import ConstraintError
 
 __all__ = ["choices_to_gbnf", "json_schema_to_gbnf", "regex_to_gbnf"]
@@ -210,8 +216,10 @@ _JSON_PRIMS = {
 
 
 class _SchemaConverter:
-    def __init__(self, root_schema: Any):
-        self.root = root_schema
+    """GBNF rules for one normalised schema; ``defs`` are its hoisted ``$defs``."""
+
+    def __init__(self, defs: dict[str, Any]):
+        self.defs = defs
         self.rules = _Rules()
         self.refs: dict[str, str] = {}
         self.prims: set[str] = set()
@@ -226,18 +234,17 @@ class _SchemaConverter:
                 self.prim(d)
         return name
 
+    def target(self, ref: Any) -> Any:
+        """The hoisted definition a normalised ``$ref`` names."""
+        name = ref[len(HOISTED_PREFIX):] if isinstance(ref, str) and ref.startswith(HOISTED_PREFIX) else None
+        if name is None or name not in self.defs:
+            raise ConstraintError(f"unresolvable $ref {ref!r}", constraint=str(ref))
+        return self.defs[name]
+
     def ref(self, ref: str) -> str:
         if ref in self.refs:
             return self.refs[ref]
-        if not ref.startswith("#/"):
-            raise ConstraintError(f"only local $ref is supported, not {ref!r}", constraint=ref)
-        target: Any = self.root
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            try:
-                target = target[part]
-            except (KeyError, TypeError):
-                raise ConstraintError(f"unresolvable $ref {ref!r}", constraint=ref) from None
+        target = self.target(ref)
         self.rules.n += 1
         name = f"ref{self.rules.n}"
         self.refs[ref] = name
@@ -258,23 +265,16 @@ class _SchemaConverter:
             return gbnf_literal(json.dumps(s["const"], separators=(",", ":")))
         if "enum" in s:
             return "(" + " | ".join(gbnf_literal(json.dumps(v, separators=(",", ":"))) for v in s["enum"]) + ")"
-        for key in ("anyOf", "oneOf"):
-            if key in s:
-                return "(" + " | ".join(self.rules.add(self.node(sub), "alt") for sub in s[key]) + ")"
         if "allOf" in s:
-            if len(s["allOf"]) == 1:
-                return self.node(s["allOf"][0])
-            merged: dict[str, Any] = {}
-            for sub in s["allOf"]:
-                sub = self.root_resolve(sub)
-                for k, v in sub.items():
-                    if k == "properties":
-                        merged.setdefault("properties", {}).update(v)
-                    elif k == "required":
-                        merged.setdefault("required", []).extend(v)
-                    else:
-                        merged[k] = v
-            return self.node(merged)
+            return self.node(self.all_of(s))
+        for key in ("anyOf", "oneOf"):  # a oneOf the normaliser left: read as anyOf (wider)
+            if key in s:
+                rest = {k: v for k, v in s.items() if k != key}
+                branches = [self.all_of({"allOf": [rest, sub]}) for sub in s[key]]
+                alts = [self.rules.add(self.node(b), "alt") for b in branches if b is not False]
+                if not alts:
+                    raise ConstraintError("no branch of anyOf admits a value")
+                return "(" + " | ".join(alts) + ")"
         t = s.get("type")
         if isinstance(t, list):
             return "(" + " | ".join(self.rules.add(self.node({**s, "type": one}), "t") for one in t) + ")"
@@ -305,13 +305,19 @@ class _SchemaConverter:
             return self.object(s)
         raise ConstraintError(f"unsupported JSON schema type {t!r}")
 
-    def root_resolve(self, s: Any) -> Any:
-        while isinstance(s, dict) and "$ref" in s:
-            target: Any = self.root
-            for part in s["$ref"][2:].split("/"):
-                target = target[part]
-            s = target
-        return s
+    def all_of(self, s: dict[str, Any]) -> Any:
+        """One schema for ``s`` and its ``allOf``: the normaliser's exact merge
+        (:func:`~structgen.constraints.schema.merge.conj`), with hoisted references
+        inlined and without llguidance's property-order rule (the grammar lists
+        properties itself); what still cannot be merged is dropped (wider: the adapter
+        validates the output)."""
+        parts = [self.target(p["$ref"]) if isinstance(p, dict) and set(p) == {"$ref"} else p
+                 for p in s.get("allOf", [])]
+        rest = {k: v for k, v in s.items() if k != "allOf"}
+        merged = conj([rest, *parts], keep_order=False)
+        if isinstance(merged, dict) and "allOf" in merged:
+            merged = {k: v for k, v in merged.items() if k != "allOf"} or merged["allOf"][0]
+        return merged
 
     def string(self, s: dict[str, Any]) -> str:
         if "pattern" in s:
@@ -328,15 +334,35 @@ class _SchemaConverter:
         return f'"\\"" {_repeat(char, lo, int(hi) if hi is not None else _MAXREPEAT)} "\\""'
 
     def array(self, s: dict[str, Any]) -> str:
-        item = self.rules.add(self.node(s.get("items", True)), "item")
+        prefix = [self.rules.add(self.node(p), "item") for p in s.get("prefixItems", [])]
+        rest = s.get("items", True)
+        item = None if rest is False else self.rules.add(self.node(rest), "item")
         lo = int(s.get("minItems", 0))
         hi = s.get("maxItems")
         hi_i = int(hi) if hi is not None else _MAXREPEAT
-        if hi_i == 0:
+        if prefix:
+            return self.tuple_array(prefix, item, lo, hi_i)
+        if hi_i == 0 or item is None:
             return '"[" "]"'
-        rest = _repeat(f'("," {item})', max(lo - 1, 0), hi_i - 1 if hi_i != _MAXREPEAT else _MAXREPEAT)
-        inner = f"{item} {rest}"
+        rest_rule = _repeat(f'("," {item})', max(lo - 1, 0), hi_i - 1 if hi_i != _MAXREPEAT else _MAXREPEAT)
+        inner = f"{item} {rest_rule}"
         return f'"[" {inner} "]"' if lo >= 1 else f'"[" ({inner})? "]"'
+
+    def tuple_array(self, prefix: list[str], item: str | None, lo: int, hi: int) -> str:
+        """``prefixItems`` in order (the first ``minItems`` required), then ``items``."""
+        n = min(len(prefix), hi)
+        tail = ""
+        if item is not None and hi > n:
+            more_hi = hi - n if hi != _MAXREPEAT else _MAXREPEAT
+            tail = _repeat(f'("," {item})', max(lo - n, 0), more_hi)
+        seq = tail
+        for i in range(n - 1, 0, -1):
+            body = f'"," {prefix[i]} {seq}'.rstrip()
+            seq = body if i < lo else f"({body})?"
+        first = f"{prefix[0]} {seq}".rstrip() if n else ""
+        if not first:
+            return '"[" "]"'
+        return f'"[" {first} "]"' if lo >= 1 else f'"[" ({first})? "]"'
 
     def object(self, s: dict[str, Any]) -> str:
         props: dict[str, Any] = s.get("properties", {})
@@ -376,8 +402,11 @@ class _SchemaConverter:
 
 
 def json_schema_to_gbnf(schema: Any) -> str:
-    """Compact-JSON GBNF grammar for ``schema`` (a dict / bool / JSON text)."""
-    if isinstance(schema, str):
-        schema = json.loads(schema)
-    conv = _SchemaConverter(schema)
-    return conv.render(conv.node(schema))
+    """Compact-JSON GBNF grammar for ``schema`` (a dict / bool / JSON text), built from its
+    normalised form; :class:`ConstraintError` for a malformed schema."""
+    norm = prepare_schema(schema).normalized.schema
+    defs = norm.get("$defs", {}) if isinstance(norm, dict) else {}
+    if isinstance(norm, dict) and "$defs" in norm:
+        norm = {k: v for k, v in norm.items() if k != "$defs"}
+    conv = _SchemaConverter(defs)
+    return conv.render(conv.node(norm))

@@ -115,6 +115,48 @@ def test_json_schema_translation(matcher, value, ok):
         jsonschema.validate(value, PERSON)
 
 
+# schemas the GBNF translation reads through the normaliser: draft-07 tuples, allOf with a
+# shared $ref, not / if-then-else, a cyclic $ref (hoisted into $defs)
+NORMALISED_CASES = [
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+      "items": [{"type": "integer"}, {"type": "string"}], "additionalItems": False},
+     [[1, "a"], [1], []], [["a"], [1, "a", 2]]),
+    ({"definitions": {"named": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+      "allOf": [{"$ref": "#/definitions/named"},
+                {"properties": {"age": {"type": "integer", "minimum": 0}}, "required": ["age"]}]},
+     [{"name": "a", "age": 3}], [{"name": "a"}, {"age": 3}, {"name": "a", "age": "x"}]),
+    ({"type": "object", "properties": {"t": {"type": "boolean"}, "x": {"type": "integer"}}, "required": ["t"],
+      "if": {"properties": {"t": {"const": True}}}, "then": {"required": ["x"]}},
+     [{"t": True, "x": 1}, {"t": False}], [{"t": True}]),
+    ({"type": "string", "not": {"maxLength": 2}}, ["abc"], ["ab"]),
+    ({"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                         "additionalProperties": False}}, "$ref": "#/$defs/node"},
+     [{}, {"kids": [{"kids": []}]}], [{"kids": [1]}]),
+]
+
+
+@pytest.mark.parametrize("schema,good,bad", NORMALISED_CASES)
+def test_json_schema_translation_reads_the_normalised_schema(matcher, schema, good, bad):
+    gbnf = json_schema_to_gbnf(schema)
+    for value in good:
+        text = json.dumps(value, separators=(",", ":"))
+        assert jsonschema.validators.validator_for(schema)(schema).is_valid(value)
+        assert matcher(gbnf, text), (text, gbnf)
+    for value in bad:
+        text = json.dumps(value, separators=(",", ":"))
+        assert not matcher(gbnf, text), (text, gbnf)
+
+
+@pytest.mark.parametrize("schema,needle", [
+    ({"properties": {"x": {"$ref": "http://example.com/x.json"}}}, "never fetched"),
+    ({"type": "object", "required": "x"}, "malformed JSON schema"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "admits no value"),
+])
+def test_json_schema_translation_rejects_what_the_compiler_rejects(schema, needle):
+    with pytest.raises(ConstraintError, match=needle):
+        json_schema_to_gbnf(schema)
+
+
 def test_json_grammar_is_compact_and_rejects_control_characters(matcher):
     gbnf = json_schema_to_gbnf({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]})
     assert matcher(gbnf, '{"s":"a\\nb"}')

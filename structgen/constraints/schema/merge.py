@@ -17,11 +17,13 @@ from structgen.constraints.schema.instance_types import drop_inapplicable, is_nu
 __all__ = ["comes_first", "conj", "conj2", "disjoint", "merge", "pairwise_disjoint", "replace_key", "sources"]
 
 
-def conj(parts: list[Any]) -> Any:
+def conj(parts: list[Any], *, keep_order: bool = True) -> Any:
     """allOf(parts), merged into one schema where that is exact.
 
     Parts keep their order (the engine orders properties by first appearance): a
-    part is merged into the first mergeable one only where that keeps the order.
+    part is merged into the first mergeable one only where that keeps the order
+    (``keep_order=False``: wherever the merge is exact, for a consumer that orders
+    properties itself).
     """
     flat: list[Any] = []
     todo = list(reversed(parts))
@@ -48,7 +50,8 @@ def conj(parts: list[Any]) -> Any:
         else:
             # past a reference or an unmerged part, only parts that name no
             # properties may move up into acc
-            merged = merge(acc, p) if slots[-1] is None or not sources(p) else None
+            movable = not keep_order or slots[-1] is None or not sources(p)
+            merged = merge(acc, p, keep_order=keep_order) if movable else None
             if merged is None:
                 slots.append(p)
             elif merged is False:
@@ -130,12 +133,12 @@ _MERGE_MINS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minPrope
 _MERGE_MAXS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 
 
-def merge(a: dict[str, Any], b: dict[str, Any]) -> Any:
+def merge(a: dict[str, Any], b: dict[str, Any], *, keep_order: bool = True) -> Any:
     """Exact merge of two schema objects, False if unsatisfiable, None if not mergeable
-    (including when the merge would change the engine's property order)."""
+    (including, with ``keep_order``, when the merge would change the engine's property order)."""
     if "$ref" in a or "$ref" in b:
         return None  # a (cyclic) reference stays a branch of allOf, never gets siblings
-    if not keeps_order(a, b):
+    if keep_order and not keeps_order(a, b):
         return None
     for group in _GROUPS:
         ga = {k: a[k] for k in group if k in a}
@@ -182,7 +185,7 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> Any:
                 return None
             props = dict(u)
             for pk, pv in v.items():
-                props[pk] = pv if pk not in props else conj2(props[pk], pv)
+                props[pk] = pv if pk not in props else conj2(props[pk], pv, keep_order=keep_order)
             out[k] = props
         elif k == "allOf" and isinstance(u, list) and isinstance(v, list):
             out[k] = list(u) + list(v)
@@ -267,7 +270,8 @@ def is_open(s: dict[str, Any]) -> bool:
     return s.get("additionalProperties", True) in (True, {}) and not s.get("patternProperties")
 
 
-def conj2(x: Any, y: Any) -> Any:
+def conj2(x: Any, y: Any, *, keep_order: bool = True) -> Any:
+    """allOf [x, y], merged where exact (see :func:`merge`)."""
     if x is True or x == {}:
         return y
     if y is True or y == {}:
@@ -275,7 +279,7 @@ def conj2(x: Any, y: Any) -> Any:
     if x is False or y is False:
         return False
     if isinstance(x, dict) and isinstance(y, dict):
-        m = merge(x, y)
+        m = merge(x, y, keep_order=keep_order)
         if m is not None:
             return m
     return {"allOf": [x, y]}
