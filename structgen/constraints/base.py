@@ -175,13 +175,16 @@ class ConstraintCompiler(ABC):
 class EngineRefusal(ConstraintError):
     """An engine cannot compile what it was given (a ladder then tries its next rung).
 
-    ``unsatisfiable``: the engine found that no value satisfies the schema it was given.
+    ``unsatisfiable``: the engine found that no value satisfies the schema it was given;
+    ``timed_out``: the compile ran past its deadline and was abandoned.
     """
 
-    def __init__(self, reason: str, *, unsatisfiable: bool = False, constraint: str | None = None):
+    def __init__(self, reason: str, *, unsatisfiable: bool = False, timed_out: bool = False,
+                 constraint: str | None = None):
         super().__init__(reason, constraint=constraint)
         self.reason = reason
         self.unsatisfiable = unsatisfiable
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,19 @@ guarantees well-formed JSON of roughly the right shape, and
 what keeps an invalid value from reaching the user -- it raises
 :class:`~structgen.errors.OutputValidationError` with the raw text and each error.
 
+A schema that provably admits no value raises :class:`~structgen.errors.ConstraintError`
+before any token: ``false``, ``$ref`` cycles no finite value ends (found by
+:func:`~structgen.constraints.schema.prepare.prepare_schema`), a normalised ``false``, or
+llguidance reporting an unsatisfiable schema on the ``exact`` or ``coerce`` rung (both
+only ever widen the schema, so the original is unsatisfiable too).
+
+Compile time and memory are bounded. A schema past :class:`LadderConfig`'s size limits
+(optional properties of one object -- llguidance's compile time grows with their square
+--, enum values, schema nodes) goes straight to the ``type`` rung, or raises
+:class:`~structgen.errors.ConstraintError` with ``oversize="error"``. A large schema
+within them compiles on a thread under ``compile_timeout`` for the whole ladder; past it
+the remaining rungs are skipped for ``type``.
+
 Configuration is data (:class:`LadderConfig`), passed where the compiler is built
 (:func:`structgen.constraints.compiler.compiler_for`); :meth:`LadderConfig.from_env` is
 the one place environment variables are read.
@@ -34,16 +47,17 @@ the one place environment variables are read.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from structgen.constraints.base import CompiledConstraint, ConstraintCompiler, EngineRefusal
 from structgen.constraints.engines.llguidance import LLGuidanceEngine
 from structgen.constraints.engines.xgrammar import XGrammarEngine, engine_for
 from structgen.constraints.kind import Translations
 from structgen.constraints.schema.loosen import relax, skeleton, top_types
-from structgen.constraints.schema.prepare import prepare_schema
+from structgen.constraints.schema.prepare import PreparedSchema, prepare_schema
 from structgen.constraints.spec import ConstraintSpec, JsonSchemaSpec
 from structgen.errors import ConstraintError
 
@@ -68,17 +82,27 @@ class LadderConfig:
     second_engine: str | None = "xgrammar"
     #: seconds one XGrammar compile may take before it is abandoned
     xgrammar_timeout: float = 5.0
-    #: abandoned (timed-out) XGrammar compiles that may still run before the rung is skipped
-    xgrammar_max_abandoned: int = 2
     #: XGrammar accepts an object's keys in any order (JSON objects are unordered; in the
     #: schema's order XGrammar rejects valid instances MaskBench has). The cost: its
     #: any-order grammar counts keys, so a repeated key can stand in for a required one
     #: (``{"a":1,"b":2,"b":3}`` for required a, b, c) -- the final validation rejects it.
     any_order: bool = True
+    #: size limits: a schema past any of them is not compiled as it is (see ``oversize``)
+    max_optional_properties: int = 2000  # optional properties of one object
+    max_enum_values: int = 20_000  # enum values, all enums together
+    max_schema_nodes: int = 100_000  # schema objects
+    #: past a size limit: ``"loosen"`` (the ``type`` rung, final validation guards) or
+    #: ``"error"`` (:class:`~structgen.errors.ConstraintError`)
+    oversize: Literal["loosen", "error"] = "loosen"
+    #: seconds the rungs of one large schema may take together; a compile still running
+    #: then is abandoned and the ``type`` rung used
+    compile_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.second_engine not in (None, "xgrammar"):
             raise ValueError(f"second_engine must be 'xgrammar' or None, not {self.second_engine!r}")
+        if self.oversize not in ("loosen", "error"):
+            raise ValueError(f"oversize must be 'loosen' or 'error', not {self.oversize!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LadderConfig:
@@ -128,16 +152,33 @@ class Ladder(ConstraintCompiler):
     def compile_schema(self, spec: JsonSchemaSpec) -> CompiledConstraint:
         """The strictest constraint the engines build for ``spec`` (see the module docstring).
 
-        Raises :class:`ConstraintError` for a malformed schema, and only if even "any JSON
-        value" fails to compile."""
+        Raises :class:`ConstraintError` for a malformed schema or one that admits no value,
+        one past the size limits with ``oversize="error"``, and if even "any JSON value"
+        fails to compile."""
+        config = self.config
+        start = time.monotonic()
         prepared = prepare_schema(spec.schema)
         base = {"whitespace_flexible": spec.whitespace == "flexible"}
+        over = self.over_limits(prepared)
+        if over is not None:
+            if config.oversize == "error":
+                raise ConstraintError(f"JSON schema too large to compile: {over}", constraint=spec.describe())
+            return self._loosest(spec, prepared.schema, base, [f"limits: {over}; compiled as its type"])
+        deadline = start + config.compile_timeout if self.maybe_slow(prepared) else None
+
+        def timed(options: dict[str, Any]) -> dict[str, Any]:
+            if deadline is None:
+                return options
+            return {**options, "timeout_s": max(0.0, deadline - time.monotonic())}
+
         if prepared.plain:
             try:
                 compiled = self.primary.compile_schema(
-                    spec, prepared.schema if prepared.text is None else prepared.text, base)
-            except EngineRefusal:
-                pass
+                    spec, prepared.schema if prepared.text is None else prepared.text, timed(base))
+            except EngineRefusal as refusal:
+                _raise_if_unsatisfiable(refusal, spec)
+                if refusal.timed_out:
+                    return self._loosest(spec, prepared.schema, base, [f"exact: {refusal.reason}"])
             else:
                 return compiled.label(exact=True, rung="exact", warnings=compiled.warnings)
         norm = prepared.normalized
@@ -150,30 +191,63 @@ class Ladder(ConstraintCompiler):
             ("lenient", lambda: norm.schema, loose),
             ("relaxed", lambda: relax(norm.schema), loose),
             ("skeleton", lambda: skeleton(norm.schema), loose),
-            ("type", lambda: top_types(norm.schema), {**base, "lenient": True}),
-            ("any", dict, base),
         ]
         for rung, make, options in attempts:
-            candidate = make()
-            if isinstance(candidate, bool):
-                candidate = {} if candidate else {"type": "string", "enum": []}
+            if deadline is not None and time.monotonic() >= deadline:
+                notes.append(f"{rung}: skipped (compile_timeout of {config.compile_timeout:g} s spent)")
+                break
+            try:
+                compiled = self.primary.compile_schema(spec, make(), timed(options))
+            except EngineRefusal as refusal:
+                if rung in ("exact", "coerce"):  # both only widen: the original is unsatisfiable too
+                    _raise_if_unsatisfiable(refusal, spec)
+                notes.append(f"{rung}: {refusal.reason}")
+                if refusal.timed_out:
+                    break
+            else:
+                exact = rung == "exact" and norm.exact
+                return compiled.label(exact=exact, rung=rung, warnings=notes + list(compiled.warnings))
+            if rung == SECOND_ENGINE_AFTER:
+                left = None if deadline is None else deadline - time.monotonic()
+                other = self._second_engine(spec, norm.schema, base, notes, left)
+                if other is not None:
+                    return other
+        return self._loosest(spec, norm.schema, base, notes)
+
+    def _loosest(self, spec: JsonSchemaSpec, schema: Any, base: dict[str, Any],
+                 notes: list[str]) -> CompiledConstraint:
+        """The ``type`` rung, else ``any``: small grammars, compiled without a deadline."""
+        for rung, candidate, options in (("type", top_types(schema), {**base, "lenient": True}), ("any", {}, base)):
             try:
                 compiled = self.primary.compile_schema(spec, candidate, options)
             except EngineRefusal as refusal:
                 notes.append(f"{rung}: {refusal.reason}")
             else:
-                exact = rung == "exact" and norm.exact
-                return compiled.label(exact=exact, rung=rung, warnings=notes + list(compiled.warnings))
-            if rung == SECOND_ENGINE_AFTER:
-                other = self._second_engine(spec, norm.schema, base, notes)
-                if other is not None:
-                    return other
+                return compiled.label(exact=False, rung=rung, warnings=notes + list(compiled.warnings))
         raise ConstraintError("cannot compile even an unconstrained JSON grammar: " + "; ".join(notes[-3:]))
+
+    def over_limits(self, prepared: PreparedSchema) -> str | None:
+        """Which size limit of :class:`LadderConfig` ``prepared`` is past, if any."""
+        config = self.config
+        if prepared.widest_optional > config.max_optional_properties:
+            return (f"an object has {prepared.widest_optional} optional properties (max_optional_properties="
+                    f"{config.max_optional_properties}; llguidance's compile time grows with their square)")
+        if prepared.enum_values > config.max_enum_values:
+            return f"{prepared.enum_values} enum values (max_enum_values={config.max_enum_values})"
+        if prepared.nodes > config.max_schema_nodes:
+            return f"{prepared.nodes} schema objects (max_schema_nodes={config.max_schema_nodes})"
+        return None
+
+    @staticmethod
+    def maybe_slow(prepared: PreparedSchema) -> bool:
+        """Large enough that compiling may take long: its rungs run under ``compile_timeout``
+        (on a thread each; small schemas compile in place, without that overhead)."""
+        return prepared.widest_optional > 200 or prepared.enum_values > 2000 or prepared.nodes > 2000
 
     # --- the second engine, between the "coerce" and "lenient" rungs -------------------------
 
     def _second_engine(self, spec: JsonSchemaSpec, schema: Any, base: dict[str, Any],
-                       notes: list[str]) -> CompiledConstraint | None:
+                       notes: list[str], left_s: float | None) -> CompiledConstraint | None:
         """The ``xgrammar`` rung: the normalised schema compiled by the second engine, when
         llguidance could not compile it (nor its ``coerce`` form); a note and ``None``
         when the engine is off, missing, failing or timing out."""
@@ -185,7 +259,8 @@ class Ladder(ConstraintCompiler):
         if engine is None:
             notes.append(f"xgrammar: {why or 'xgrammar is unavailable'}")
             return None
-        options = {**base, "any_order": config.any_order, "timeout_s": config.xgrammar_timeout}
+        timeout = config.xgrammar_timeout if left_s is None else max(0.0, min(config.xgrammar_timeout, left_s))
+        options = {**base, "any_order": config.any_order, "timeout_s": timeout}
         try:
             compiled = engine.compile_schema(spec, schema, options)
         except EngineRefusal as refusal:
@@ -197,7 +272,13 @@ class Ladder(ConstraintCompiler):
     def second_engine(self) -> tuple[XGrammarEngine | None, str | None]:
         """The second engine for this vocabulary (built on first use, XGrammar imported
         then), or ``(None, why)``."""
-        return engine_for(self.primary.token_table(), max_abandoned=self.config.xgrammar_max_abandoned)
+        return engine_for(self.primary.token_table())
+
+
+def _raise_if_unsatisfiable(refusal: EngineRefusal, spec: JsonSchemaSpec) -> None:
+    if refusal.unsatisfiable:
+        raise ConstraintError(f"the JSON schema admits no value ({refusal.reason})",
+                              constraint=spec.describe()) from None
 
 
 def _compile_by_grammar(spec: ConstraintSpec, ladder: Ladder) -> CompiledConstraint:

@@ -51,6 +51,7 @@ import numpy as np
 
 from structgen.constraints.base import CompiledConstraint, Engine, EngineRefusal, Matcher, TokenTable
 from structgen.constraints.bitmask import bitmask_words, row_pointer
+from structgen.constraints.engines.deadline import MAX_ABANDONED, Abandonable
 from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
@@ -72,9 +73,9 @@ __all__ = [
     "to_grammar",
 ]
 
-#: the options :meth:`LLGuidanceEngine.compile_schema` reads: llguidance JSON compile
-#: options (``coerce_one_of``: read ``oneOf`` as ``anyOf``; ``lenient``: ignore
-#: unimplemented keywords and unknown formats)
+#: llguidance's JSON compile options :meth:`LLGuidanceEngine.compile_schema` reads
+#: (``coerce_one_of``: read ``oneOf`` as ``anyOf``; ``lenient``: ignore unimplemented
+#: keywords and unknown formats); it also reads ``timeout_s`` (seconds, or ``None``)
 JSON_OPTIONS = ("whitespace_flexible", "coerce_one_of", "lenient")
 #: how llguidance words a schema no value satisfies
 _UNSATISFIABLE = "Unsatisfiable schema"
@@ -294,6 +295,7 @@ class LLGuidanceEngine(Engine):
         self._vocab = _Vocab(lltok, size, int(lltok.eos_token), bitmask_words(size))
         self._table: TokenTable | None = None
         self._table_lock = threading.Lock()
+        self._runner = Abandonable(self.name, MAX_ABANDONED)
 
     @property
     def vocab_size(self) -> int:
@@ -339,8 +341,19 @@ class LLGuidanceEngine(Engine):
     def compile_schema(self, spec: JsonSchemaSpec, schema: Any,
                        options: Mapping[str, Any]) -> LLGuidanceCompiled:
         """``schema`` (a dict, or its JSON text) compiled with llguidance's JSON options
-        (:data:`JSON_OPTIONS`); :class:`EngineRefusal` when llguidance cannot."""
+        (:data:`JSON_OPTIONS`); :class:`EngineRefusal` when llguidance cannot. With a
+        ``timeout_s`` option the compile runs on its own thread and is abandoned when
+        it takes longer (:mod:`~structgen.constraints.engines.deadline`)."""
         overrides = {k: bool(options[k]) for k in JSON_OPTIONS if k in options}
+        timeout = options.get("timeout_s")
+        if timeout is None:
+            grammar, template = self._build(schema, overrides)
+        else:
+            grammar, template = self._runner.run(lambda: self._build(schema, overrides), float(timeout))
+        return LLGuidanceCompiled(spec, grammar, template, self._vocab,
+                                  warnings=[_first_line(m) for m in template.get_grammar_warnings()])
+
+    def _build(self, schema: Any, overrides: dict[str, bool]) -> tuple[str, Any]:
         try:
             grammar = str(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=overrides))  # type: ignore[arg-type]
         except (ValueError, TypeError, RuntimeError) as exc:
@@ -349,8 +362,7 @@ class LLGuidanceEngine(Engine):
         template = llguidance.LLMatcher(self._vocab.tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _refusal(template.get_error() or "unknown error")
-        return LLGuidanceCompiled(spec, grammar, template, self._vocab,
-                                  warnings=[_first_line(m) for m in template.get_grammar_warnings()])
+        return grammar, template
 
 
 def _refusal(message: str) -> EngineRefusal:

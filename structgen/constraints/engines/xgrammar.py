@@ -19,7 +19,8 @@ engine sees one vocabulary and one bitmask width.
 :meth:`XGrammarEngine.compile_schema` reads the options ``whitespace_flexible``,
 ``any_order`` (keys in any order) and ``timeout_s``: compilation runs on a daemon thread
 (XGrammar releases the GIL) and is abandoned after ``timeout_s``; at most
-``max_abandoned`` abandoned compiles may still be running, beyond that it refuses.
+``max_abandoned`` abandoned compiles may still be running, beyond that it refuses
+(:mod:`~structgen.constraints.engines.deadline`).
 
 Matcher semantics mirror :class:`~structgen.constraints.engines.llguidance.LLGuidanceMatcher`:
 EOS is allowed exactly where the text so far is complete; consuming EOS there stops the
@@ -40,6 +41,7 @@ from typing import Any
 
 from structgen.constraints.base import CompiledConstraint, Engine, EngineRefusal, Matcher, TokenTable
 from structgen.constraints.bitmask import bitmask_words, row_pointer
+from structgen.constraints.engines.deadline import MAX_ABANDONED, Abandonable
 from structgen.constraints.engines.xgrammar_schema import skipped_keyword, xgrammar_schema
 from structgen.constraints.spec import JsonSchemaSpec
 
@@ -83,7 +85,7 @@ class XGrammarEngine(Engine):
 
     name = "xgrammar"
 
-    def __init__(self, xgr: Any, table: TokenTable, *, max_abandoned: int = 2):
+    def __init__(self, xgr: Any, table: TokenTable, *, max_abandoned: int = MAX_ABANDONED):
         size = table.size
         eos = table.eos_token_id
         self.xgr = xgr
@@ -92,13 +94,11 @@ class XGrammarEngine(Engine):
         self.eos_token_id = eos
         self.words = bitmask_words(size)
         self.eos_word = _eos_word(eos)
-        self.max_abandoned = max_abandoned
         self.info = xgr.TokenizerInfo(list(table.tokens), xgr.VocabType.RAW, vocab_size=size, stop_token_ids=[eos])
         # no XGrammar-side cache: structgen's CompileCache keeps the compiled constraints
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=max(1, min(4, os.cpu_count() or 1)),
                                             cache_enabled=False)
-        self._lock = threading.Lock()
-        self._abandoned = 0
+        self._runner = Abandonable(self.name, max_abandoned)
 
     def compile_schema(self, spec: JsonSchemaSpec, schema: Any,
                        options: Mapping[str, Any]) -> XGrammarCompiled:
@@ -117,38 +117,19 @@ class XGrammarEngine(Engine):
 
     def _compile(self, schema: Any, *, whitespace_flexible: bool, any_order: bool, timeout_s: float) -> Any:
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        with self._lock:
-            if self._abandoned >= self.max_abandoned:
-                raise EngineRefusal(f"skipped: {self._abandoned} timed-out compiles are still running")
-        box: dict[str, Any] = {}
-        done = threading.Event()
 
-        def run() -> None:
+        def compile_json() -> Any:
             try:
                 # strict_mode=False: unlisted properties / items follow the schema (the
                 # default, strict, would reject valid instances); any_order: see the ladder
-                box["grammar"] = self.compiler.compile_json_schema(
+                return self.compiler.compile_json_schema(
                     text, any_whitespace=whitespace_flexible,
                     separators=None if whitespace_flexible else (",", ":"),
                     strict_mode=False, any_order=any_order)
             except Exception as exc:
-                box["error"] = f"{type(exc).__name__}: {_first_line(str(exc))}"
-            finally:
-                with self._lock:
-                    if box.get("abandoned"):
-                        self._abandoned -= 1
-                    done.set()
+                raise EngineRefusal(f"{type(exc).__name__}: {_first_line(str(exc))}") from None
 
-        threading.Thread(target=run, name="structgen-xgrammar-compile", daemon=True).start()
-        if not done.wait(timeout_s):
-            with self._lock:
-                if not done.is_set():
-                    box["abandoned"] = True
-                    self._abandoned += 1
-                    raise EngineRefusal(f"compile timed out after {timeout_s:g} s")
-        if "error" in box:
-            raise EngineRefusal(str(box["error"]))
-        return box["grammar"]
+        return self._runner.run(compile_json, timeout_s)
 
 
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
@@ -164,7 +145,7 @@ _engines: dict[int, tuple[TokenTable, XGrammarEngine]] = {}  # id(table) -> (tab
 _engines_lock = threading.Lock()
 
 
-def engine_for(table: TokenTable, *, max_abandoned: int = 2) -> tuple[XGrammarEngine | None, str | None]:
+def engine_for(table: TokenTable) -> tuple[XGrammarEngine | None, str | None]:
     """The cached :class:`XGrammarEngine` for ``table``, or ``(None, why)``."""
     with _engines_lock:
         entry = _engines.get(id(table))
@@ -174,7 +155,7 @@ def engine_for(table: TokenTable, *, max_abandoned: int = 2) -> tuple[XGrammarEn
     if xgr is None:
         return None, why
     try:
-        engine = XGrammarEngine(xgr, table, max_abandoned=max_abandoned)
+        engine = XGrammarEngine(xgr, table)
     except Exception as exc:
         return None, f"cannot build the xgrammar tokenizer: {type(exc).__name__}: {_first_line(str(exc))}"
     with _engines_lock:

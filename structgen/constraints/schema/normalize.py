@@ -41,7 +41,7 @@ from structgen.constraints.schema.keywords import (
 )
 from structgen.constraints.schema.merge import comes_first, conj, pairwise_disjoint, replace_key
 from structgen.constraints.schema.negate import Negation, Unexpressible
-from structgen.constraints.schema.refs import Pointers, RefExpander
+from structgen.constraints.schema.refs import Pointers, RefExpander, share_repeats
 from structgen.errors import ConstraintError
 
 __all__ = ["Normalized", "normalize", "normalize_schema"]
@@ -93,6 +93,8 @@ class _Normalizer:
             late = comes_first(s, "$ref")
             r = self.refs.expand(s.pop("$ref"))
             rest = self.norm(s)
+            if rest == {}:  # only annotations beside it: the target itself (kept shared)
+                return {} if r is True else r
             return conj([r, rest] if late else [rest, r])
         out: dict[str, Any] = {}
         for k in NEWER.get(self.draft, ()):
@@ -308,6 +310,8 @@ def normalize_schema(schema: Any) -> Normalized:
             out = {"allOf": [out]} if out is False else {}
         out = dict(out)
         out["$defs"] = n.refs.defs
+    if n.refs.memo:  # a target was inlined: where it stayed unchanged at several places, share it
+        out = share_repeats(out)
     relaxed = tuple(dict.fromkeys(n.relaxed))
     return Normalized(out, not relaxed, relaxed)
 

@@ -1,10 +1,12 @@
 """The one entry point every JSON schema goes through before an engine sees it.
 
 :func:`prepare_schema` parses the schema (JSON text or data), runs the fast meta-schema
-check (:mod:`~structgen.constraints.schema.metacheck`) and refuses references outside
-the document (remote ``$ref`` s are never fetched). It returns a :class:`PreparedSchema`:
-the schema, whether it is *plain* (compiled as given, no normalisation needed), its size,
-and its normalised form, computed on first use only.
+check (:mod:`~structgen.constraints.schema.metacheck`), refuses references outside the
+document (remote ``$ref`` s are never fetched) and schemas that provably admit no value
+(``false``, ``$ref`` cycles no finite value ends: :mod:`~structgen.constraints.schema.satisfiable`).
+It returns a :class:`PreparedSchema`: the schema, whether it is *plain* (compiled as
+given, no normalisation needed), its size, and its normalised form, computed on first
+use only.
 
 The ladder (:mod:`structgen.constraints.ladder`) and the llama.cpp GBNF translation
 both start here.
@@ -19,6 +21,7 @@ from typing import Any
 from structgen.constraints.schema.check import DRAFT_NUMBERS, dump_schema, error_path, validator_class
 from structgen.constraints.schema.metacheck import Scan, scan_schema
 from structgen.constraints.schema.normalize import Normalized, normalize_schema
+from structgen.constraints.schema.satisfiable import unsatisfiable_refs
 from structgen.errors import ConstraintError
 
 __all__ = ["PreparedSchema", "prepare_schema"]
@@ -43,10 +46,17 @@ class PreparedSchema:
 
     @property
     def normalized(self) -> Normalized:
-        """The normalised schema (:func:`~structgen.constraints.schema.normalize.normalize_schema`)."""
+        """The normalised schema (:func:`~structgen.constraints.schema.normalize.normalize_schema`).
+
+        Raises :class:`ConstraintError` when it shows that the schema admits no value
+        (normalisation only widens, so a normalised ``false`` proves it)."""
         with self._lock:
             if self._normalized is None:
-                self._normalized = normalize_schema(self.schema)
+                norm = normalize_schema(self.schema)
+                if norm.unsatisfiable:
+                    raise ConstraintError("the JSON schema admits no value (its keywords contradict each other)",
+                                          constraint=dump_schema(self.schema))
+                self._normalized = norm
             return self._normalized
 
 
@@ -54,7 +64,8 @@ def prepare_schema(schema: Any) -> PreparedSchema:
     """Check ``schema`` (JSON text, a dict or a bool) and return it prepared for compiling.
 
     Raises :class:`ConstraintError` for text that is not JSON, a value that is not a
-    schema, a meta-schema violation (with its JSON path) or a ``$ref`` outside the document.
+    schema, a meta-schema violation (with its JSON path), a ``$ref`` outside the document,
+    or a schema that provably admits no value.
     """
     text = None
     if isinstance(schema, (str, bytes)):
@@ -65,6 +76,8 @@ def prepare_schema(schema: Any) -> PreparedSchema:
             raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=str(schema)[:300]) from exc
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON schema must be an object or a boolean", constraint=dump_schema(schema))
+    if schema is False:
+        raise ConstraintError("the JSON schema false admits no value", constraint="false")
     cls = validator_class(schema)
     draft = DRAFT_NUMBERS.get(cls, 2020)
     scan = scan_schema(schema, draft)
@@ -77,4 +90,7 @@ def prepare_schema(schema: Any) -> PreparedSchema:
             raise ConstraintError(
                 f"$ref {ref!r} points outside the schema; remote references are never fetched "
                 "(inline the referenced schema under $defs)", constraint=dump_schema(schema))
+    if scan.refs and unsatisfiable_refs(schema, draft):
+        raise ConstraintError("the JSON schema admits no value: its $refs form a cycle that no finite "
+                              'value ends (like {"$ref": "#"})', constraint=dump_schema(schema))
     return PreparedSchema(schema, text, draft, scan)

@@ -5,8 +5,11 @@
 fetched: a reference outside the document resolves to ``None``.
 
 :class:`RefExpander` is the normaliser's side of references: a target used once (or a
-small one) is inlined, normalised in place; a cyclic or large shared target is hoisted
-into one ``$defs`` table (``#/$defs/sgN``) and stays a reference.
+small one) is inlined, normalised in place, so ``allOf`` merges and negation can see
+it; a cyclic or large shared target is hoisted into one ``$defs`` table
+(``#/$defs/sgN``) and stays a reference. :func:`share_repeats` then turns the inlined
+copies of a target that stayed as they were back into one shared definition: the engine
+compiles a shared definition once, each inlined copy (its patterns, its enums) anew.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from structgen.constraints.schema.instance_types import schema_size
 from structgen.constraints.schema.keywords import NON_SCHEMA_KEYS
 from structgen.errors import ConstraintError
 
-__all__ = ["HOISTED_PREFIX", "Pointers", "RefExpander", "escape_pointer"]
+__all__ = ["HOISTED_PREFIX", "Pointers", "RefExpander", "escape_pointer", "share_repeats"]
 
 #: a target used more than once is inlined only below this many nodes
 SHARED_NODES = 40
 #: where hoisted targets live in a normalised schema
 HOISTED_PREFIX = "#/$defs/"
+#: a repeated target is shared again (:func:`share_repeats`) from this many nodes up
+SHARE_NODES = 3
 
 
 def escape_pointer(key: str) -> str:
@@ -204,3 +209,80 @@ class RefExpander:
         if len(self.cyclic) == n_cyc:
             self.memo[ptr] = (out, tuple(self.relaxed[mark:]))
         return out
+
+
+_VALUE_MAPS = ("properties", "patternProperties")
+_VALUE_ONE = ("items", "additionalProperties", "contains", "propertyNames")
+_BRANCHES = ("prefixItems", "anyOf", "allOf", "oneOf")
+
+
+def share_repeats(schema: Any) -> Any:
+    """``schema`` (normalised) with every subschema that occurs more than once as the
+    *same object* -- a target the normaliser inlined, unchanged, at several places --
+    moved into ``$defs`` and referenced there (as a property value, ``items`` or
+    ``additionalProperties``; inside ``allOf`` / ``anyOf`` branches copies stay inline).
+    The set of valid instances is unchanged; ``schema`` itself is returned when nothing
+    repeats."""
+    if not isinstance(schema, dict):
+        return schema
+    seen: dict[int, int] = {}
+    nodes: dict[int, dict[str, Any]] = {}
+
+    def site(x: Any) -> None:
+        if isinstance(x, dict) and x:
+            seen[id(x)] = seen.get(id(x), 0) + 1
+            if seen[id(x)] == 1:
+                nodes[id(x)] = x
+                visit(x)
+
+    def visit(s: dict[str, Any]) -> None:
+        for k, v in s.items():
+            if k in _VALUE_MAPS and isinstance(v, dict):
+                for x in v.values():
+                    site(x)
+            elif k in _VALUE_ONE:
+                site(v)
+            elif (k in _BRANCHES and isinstance(v, list)) or (k == "$defs" and isinstance(v, dict)):
+                for x in (v if isinstance(v, list) else v.values()):
+                    if isinstance(x, dict):
+                        visit(x)
+
+    visit(schema)
+    repeated = [i for i, n in seen.items() if n > 1 and schema_size(nodes[i], SHARE_NODES) >= SHARE_NODES]
+    if not repeated:
+        return schema
+    defs: dict[str, Any] = dict(schema.get("$defs") or {})
+    names: dict[int, str] = {}
+    for i in repeated:
+        name = f"sg{len(defs) + len(names)}"
+        while name in defs:
+            name += "_"
+        names[i] = name
+
+    def ref(x: Any) -> Any:
+        name = names.get(id(x)) if isinstance(x, dict) else None
+        return {"$ref": HOISTED_PREFIX + name} if name is not None else rebuild(x)
+
+    def rebuild(s: Any) -> Any:
+        if not isinstance(s, dict):
+            return s
+        out: dict[str, Any] = {}
+        for k, v in s.items():
+            if k in _VALUE_MAPS and isinstance(v, dict):
+                out[k] = {pk: ref(x) for pk, x in v.items()}
+            elif k in _VALUE_ONE:
+                out[k] = ref(v)
+            elif k in _BRANCHES and isinstance(v, list):
+                out[k] = [rebuild(x) for x in v]
+            elif k == "$defs" and isinstance(v, dict):
+                out[k] = {dk: rebuild(dv) for dk, dv in v.items()}
+            else:
+                out[k] = v
+        return out
+
+    out = rebuild(schema)
+    shared = dict(out.get("$defs") or {})
+    for i, name in names.items():
+        shared[name] = rebuild(nodes[i])
+    out["$defs"] = shared
+    return out
