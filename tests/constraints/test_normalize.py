@@ -72,6 +72,24 @@ def test_pointer_escapes_and_root_ref():
     _same(s, [{"a/b": 1}, {"a/b": "x"}, {"self": {"a/b": 2}}, {"self": {"a/b": "no"}}])
 
 
+def test_a_target_inlined_unchanged_at_several_places_is_shared_again():
+    # the engine compiles a shared definition once, each inlined copy of its pattern anew
+    ids = {"type": "array", "items": {"type": "string", "pattern": "^[a-f0-9]{8}$"}}
+    s = {"$schema": "http://json-schema.org/draft-04/schema#", "definitions": {"ids": ids}, "type": "object",
+         "properties": {k: {"$ref": "#/definitions/ids", "description": k} for k in "abc"},
+         "additionalProperties": False}
+    n = _same(s, [{}, {"a": ["0123abcd"], "c": []}, {"b": ["xyz"]}, {"a": [1]}, {"d": []}])
+    assert n.exact
+    assert json.dumps(n.schema).count("pattern") == 1
+    assert len({json.dumps(v) for v in n.schema["properties"].values()}) == 1
+    assert n.schema["properties"]["a"]["$ref"].startswith("#/$defs/")
+    # a 2020-12 reference with annotations beside it is the target itself, shared the same way
+    s20 = {"$defs": {"ids": ids}, "type": "object",
+           "properties": {k: {"$ref": "#/$defs/ids", "title": k} for k in "ab"}}
+    n20 = _same(s20, [{"a": ["0123abcd"]}, {"b": ["no"]}])
+    assert json.dumps(n20.schema).count("pattern") == 1
+
+
 def test_missing_local_ref_is_a_constraint_error():
     with pytest.raises(ConstraintError, match="cannot be resolved"):
         normalize({"$ref": "#/definitions/nope"})
