@@ -16,9 +16,12 @@ exact or looser), how many constraints were looser, and ``invalid_to_user``: inv
 instances the mask lets through that the final validation
 (:func:`structgen.constraints.validation.validate_output`) also accepts -- what a user could receive.
 
+structgen refuses a schema that provably admits no value (a ``ConstraintError``); such
+schemas are counted apart (``unsatisfiable``), not against coverage.
+
 The last line is ``RESULT passing_rate=... coverage=... looser=... mask_only_passing=...
 llguidance_passing=... invalid_to_user=... mask_p99_ratio=... compile_p50_ratio=...
-cached_compile_ms=...``.
+cached_compile_ms=... unsatisfiable=...``.
 """
 
 from __future__ import annotations
@@ -586,10 +589,15 @@ def main(argv: list[str] | None = None) -> int:
         rung = Counter(r.get("rung") for r in rows["structgen"] if "compile_ns" in r)
         print("structgen rungs:", dict(rung))
         accepted = [r for r in rows["structgen"] if r.get("schema_ok")]
+        # a schema proven to admit no value is refused with a ConstraintError, as it should be
+        empty = [r for r in accepted if "admits no value" in r.get("compile_error", "")]
+        accepted = [r for r in accepted if r not in empty]
         covered = [r for r in accepted if "compile_ns" in r]
         coverage = len(covered) / len(accepted) if accepted else float("nan")
-        print(f"structgen coverage: {len(covered)}/{len(accepted)} schemas that jsonschema accepts compile "
-              f"({len(rows['structgen']) - len(accepted)} rejected by jsonschema's meta-schema check)")
+        print(f"structgen coverage: {len(covered)}/{len(accepted)} satisfiable schemas that jsonschema accepts "
+              f"compile ({len(rows['structgen']) - len(accepted) - len(empty)} rejected by jsonschema's "
+              f"meta-schema check, {len(empty)} refused as unsatisfiable: "
+              f"{', '.join(r['file'] for r in empty[:3])}{' ...' if len(empty) > 3 else ''})")
         same = sum(1 for r in rows["structgen"] if r.get("cache_same"))
         print(f"structgen cache: {same}/{len(covered)} repeated compiles returned the cached object")
         if raw is not None:
@@ -620,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
               f"llguidance_passing={raw.get('passing', 0) if raw else 'nan'} "
               f"invalid_to_user={ours.get('invalid_to_user', 0)} "
               f"mask_p99_ratio={mask_ratio:.3f} compile_p50_ratio={comp_ratio:.3f} "
-              f"cached_compile_ms={ours['cached_ms']['p50']:.4f}")
+              f"cached_compile_ms={ours['cached_ms']['p50']:.4f} unsatisfiable={len(empty)}")
     return 0
 
 
