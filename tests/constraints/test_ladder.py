@@ -23,7 +23,7 @@ import pytest
 from structgen.constraints.compiler import CompileCache, compiler_for
 from structgen.constraints.ladder import LadderConfig
 from structgen.constraints.schema import prepare_schema
-from structgen.constraints.spec import json_schema_spec
+from structgen.constraints.spec import JsonSchemaSpec, json_schema_spec
 from structgen.contract.backend import GenerateRequest, SamplingParams
 from structgen.errors import ConstraintError
 
@@ -124,9 +124,23 @@ def test_satisfiable_recursive_schemas_still_compile(compiler, schema):
     assert compiled.matcher() is not None
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}}, "required": ["b"]},  # b may only be an extra key
+    {"type": "object", "properties": {"a": {}}, "minProperties": 2},  # a second key must be extra
+])
+def test_closing_a_schema_never_makes_it_unsatisfiable(compiler, schema):
+    compiled = within(60, lambda: compiler.compile(json_schema_spec(schema)))  # strict (closed) by default
+    assert compiled.matcher() is not None
+
+
+def test_unsatisfiable_schema_fails_where_the_gen_is_built():
+    with pytest.raises(ConstraintError, match="admits no value"):
+        within(60, lambda: json_schema_spec({"$ref": "#"}))
+
+
 @pytest.mark.model
 def test_unsatisfiable_schema_fails_before_any_token_on_the_embedded_backend(embedded_backend):
-    spec = json_schema_spec({"$ref": "#"})
+    spec = JsonSchemaSpec('{"$ref":"#"}')  # built without json_schema_spec, which refuses it already
     [res] = within(120, lambda: embedded_backend.generate(
         [GenerateRequest("Hi", SamplingParams(max_new_tokens=8), constraint=spec)]))
     assert isinstance(res, ConstraintError) and "admits no value" in str(res)
@@ -139,7 +153,7 @@ _HUGE = textwrap.dedent("""
     from structgen.backends.embedded.loader import load_tokenizer
     from structgen.constraints.compiler import CompileCache, compiler_for
     from structgen.constraints.ladder import LadderConfig
-    from structgen.constraints.spec import json_schema_spec
+    from structgen.constraints.spec import JsonSchemaSpec, json_schema_spec
     from structgen.errors import ConstraintError
 
     tok = load_tokenizer()

@@ -116,18 +116,31 @@ def close_schema(schema: Any) -> Any:
             if key in _MAPS and isinstance(value, dict):
                 out[key] = {k: walk(v, f"{pointer}/{key}/{_escape(k)}", True) for k, v in value.items()}
             elif key in _LISTS and isinstance(value, list):
-                closable = key in ("prefixItems", "items") or (key != "allOf" and not own_words)
+                # anyOf / oneOf branches are the whole object only where their holder is:
+                # under an allOf branch (may_close false) they meet the other branches' keys
+                closable = key in ("prefixItems", "items") or (key != "allOf" and not own_words and may_close)
                 out[key] = [walk(v, f"{pointer}/{key}/{i}", closable) for i, v in enumerate(value)]
             elif key in _ONE:
                 out[key] = walk(value, f"{pointer}/{key}", key not in ("if", "then", "else", "not"))
             else:
                 out[key] = value
         if (may_close and isinstance(node.get("properties"), dict) and not any(k in node for k in _MERGING)
-                and pointer not in shared):
+                and pointer not in shared and _closable(node)):
             out["additionalProperties"] = False
         return out
 
     return walk(schema, "#", True)
+
+
+def _closable(node: dict[str, Any]) -> bool:
+    """Closing keeps some value valid: every required key is declared, and ``minProperties``
+    does not ask for more keys than are declared (else closing would empty the schema)."""
+    props = node["properties"]
+    required = node.get("required")
+    if isinstance(required, list) and any(r not in props for r in required if isinstance(r, str)):
+        return False
+    least = node.get("minProperties")
+    return not (isinstance(least, int) and least > len(props))
 
 
 def _escape(key: str) -> str:
@@ -220,7 +233,7 @@ def _build(schema: Any, model: Any, whitespace: Literal["compact", "flexible"], 
     from structgen.constraints.schema.prepare import prepare_schema
 
     try:
-        prepare_schema(schema_obj)  # the draft's meta-schema rules and the offline rule, in microseconds
+        prepare_schema(text)  # the draft's meta-schema rules and the offline rule (kept for the compile)
     except RecursionError:
         raise ConstraintError("json_schema is nested too deeply to check", constraint=_shown(schema_obj)) from None
     key = (text, strict)

@@ -9,13 +9,16 @@ given, no normalisation needed), its size, and its normalised form, computed on 
 use only.
 
 The ladder (:mod:`structgen.constraints.ladder`) and the llama.cpp GBNF translation
-both start here.
+both start here, and so does the check when a ``gen`` is built (``json_schema_spec``).
+Preparing is pure, so a schema given as JSON text is prepared once: the result is kept
+in a small LRU keyed by the text, and the compile after the check finds it there.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from structgen.constraints.schema.check import DRAFT_NUMBERS, dump_schema, error_path, validator_class
@@ -25,6 +28,9 @@ from structgen.constraints.schema.satisfiable import unsatisfiable_refs
 from structgen.errors import ConstraintError
 
 __all__ = ["PreparedSchema", "prepare_schema"]
+
+#: prepared schemas kept by their JSON text
+CACHE_SIZE = 256
 
 
 class PreparedSchema:
@@ -65,15 +71,35 @@ def prepare_schema(schema: Any) -> PreparedSchema:
 
     Raises :class:`ConstraintError` for text that is not JSON, a value that is not a
     schema, a meta-schema violation (with its JSON path), a ``$ref`` outside the document,
-    or a schema that provably admits no value.
+    or a schema that provably admits no value. JSON text is prepared once (an LRU keyed
+    by the text; a failure is not kept).
     """
-    text = None
-    if isinstance(schema, (str, bytes)):
-        text = schema if isinstance(schema, str) else None
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=str(schema)[:300]) from exc
+    if isinstance(schema, bytes):
+        schema = schema.decode("utf-8", "surrogatepass")
+    if not isinstance(schema, str):
+        return _prepare(schema, None)
+    with _cache_lock:
+        hit = _cache.get(schema)
+        if hit is not None:
+            _cache.move_to_end(schema)
+            return hit
+    try:
+        parsed = json.loads(schema)
+    except ValueError as exc:
+        raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=schema[:300]) from exc
+    prepared = _prepare(parsed, schema)
+    with _cache_lock:
+        _cache[schema] = prepared
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return prepared
+
+
+_cache: OrderedDict[str, PreparedSchema] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _prepare(schema: Any, text: str | None) -> PreparedSchema:
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON schema must be an object or a boolean", constraint=dump_schema(schema))
     if schema is False:
