@@ -142,7 +142,7 @@ def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, l
     import socket
     import urllib.request
 
-    from structgen.backends.llamacpp.gbnf import json_schema_to_gbnf
+    from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
 
     res = Result("llamacpp", docs=len(prompts))
     exe = _python("llamacpp")

@@ -2,9 +2,10 @@
 
 ``python -m llama_cpp.server`` speaks OpenAI routes plus ``grammar`` (GBNF). It has no
 regex field and its schema conversion is loose, so every constraint is sent as structgen's
-own GBNF (:mod:`structgen.backends.llamacpp.gbnf`) and the output is checked afterwards
-against the original constraint (:func:`~structgen.constraints.validation.validate_output`):
-a value the grammar could not pin down exactly (e.g. an integer bound) fails as
+own GBNF (:mod:`structgen.backends.llamacpp.gbnf`, :mod:`~structgen.backends.llamacpp.gbnf_schema`)
+and the output is checked afterwards against the original constraint
+(:func:`~structgen.constraints.validation.validate_output`): a value the grammar could not
+pin down exactly (e.g. an integer bound) fails as
 :class:`~structgen.errors.OutputValidationError` carrying the raw text, never silently.
 
 Grammars in Lark syntax have no GBNF translation here: a capability error. ``select`` is
@@ -17,11 +18,8 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from structgen.backends.llamacpp.gbnf import (
-    choices_to_gbnf,
-    json_schema_to_gbnf,
-    regex_to_gbnf,
-)
+from structgen.backends.llamacpp.gbnf import choices_to_gbnf, regex_to_gbnf
+from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
 from structgen.backends.llamacpp.tool_gbnf import tool_gbnf
 from structgen.backends.openai.adapter import OpenAICompatBackend
 from structgen.constraints.kind import Translations

@@ -5,7 +5,7 @@ one approximation GBNF forces: free text (an answer, text before a call, a think
 section) may not contain the first character of the format's trigger (``<`` for
 ``<tool_call>``, ``{`` for Llama 3 JSON, ``[`` for Mistral), which keeps a malformed call
 from passing as text. Arguments follow each tool's schema through
-:func:`~structgen.backends.llamacpp.gbnf.json_schema_to_gbnf` (compact JSON; numeric bounds
+:func:`~structgen.backends.llamacpp.gbnf_schema.json_schema_to_gbnf` (compact JSON; numeric bounds
 loosened); the adapter parses and validates every call afterwards.
 """
 
@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from structgen.backends.llamacpp.gbnf import gbnf_literal, json_schema_to_gbnf
+from structgen.backends.llamacpp.gbnf import gbnf_literal
+from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
 
 __all__ = ["tool_gbnf"]
 

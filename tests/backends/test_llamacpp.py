@@ -12,11 +12,8 @@ import jsonschema
 import pytest
 
 from structgen.backends.llamacpp import LlamaCppBackend
-from structgen.backends.llamacpp.gbnf import (
-    choices_to_gbnf,
-    json_schema_to_gbnf,
-    regex_to_gbnf,
-)
+from structgen.backends.llamacpp.gbnf import choices_to_gbnf, regex_to_gbnf
+from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
 from structgen.constraints.spec import (
     ChoiceSpec,
     GrammarSpec,
