@@ -11,6 +11,7 @@ import json
 import re
 
 import jsonschema
+import pytest
 
 import structgen as sg
 from programs import (
@@ -168,7 +169,27 @@ def check_mcp_agent(backend):
         _check_agent_run(st, "answer", {t.name for t in srv.tools})
 
 
-CASES = {name[len("check_"):]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+TOOL_CASES = {"calculator_agent", "sqlite_agent", "subagents", "mcp_agent"}
+
+
+def _needs_tools(name, fn):
+    """A tool-calling case on a backend that declares no tool calls: the run must fail loudly
+    (CapabilityError naming tool calls) before any request, never drop the constraint."""
+    if name not in TOOL_CASES:
+        return fn
+
+    def case(backend):
+        if getattr(backend.capabilities, "tools", False):
+            return fn(backend)
+        from structgen.errors import CapabilityError
+        with pytest.raises(CapabilityError, match="tool calls"):
+            fn(backend)
+    case.__name__ = fn.__name__
+    return case
+
+
+CASES = {name[len("check_"):]: _needs_tools(name[len("check_"):], fn)
+         for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 
 def run_suite_case(name: str, backend) -> None:
