@@ -4,36 +4,47 @@ Every error structgen raises on purpose is a :class:`StructgenError`::
 
     StructgenError
     ├── ProgramError            a program misused the DSL, or failed while running
+    │   └── OptionError         a run or sampling option has the wrong type or range
     ├── ConstraintError         a regex / JSON schema / choice set cannot be compiled
     ├── BackendError            a backend failed; ``retryable`` says whether to try again
     │   ├── CapabilityError     the backend cannot honour a feature (raised before sending)
     │   ├── DeadlineExceededError  a request's whole time budget ran out (attempts, elapsed, URL)
     │   └── ResponseTooLargeError  a server's response passed the configured size cap
     ├── InputError              an input file or record cannot be read (batch extraction)
-    └── OutputValidationError   generated text failed parsing or validation
+    ├── OutputValidationError   generated text failed parsing or validation
+    └── RequestCancelled        the caller cancelled the work (Ctrl-C, an interrupted batch)
+
+    BatchInterrupted            (a KeyboardInterrupt) ``run_batch`` stopped early; carries
+                                every item's state, finished or cancelled
 
 Lower-layer exceptions (httpx, torch, jsonschema, llguidance) are mapped at the
-boundary with ``raise ... from exc`` so the cause stays attached. Every message is passed
-through :func:`structgen.redact.redact`: API keys and credential-looking values never show.
+boundary with ``raise ... from exc`` so the cause stays attached; :func:`map_error` is
+the one mapping for an exception whose origin (program body, backend, output) is known.
+Every message is passed through :func:`structgen.redact.redact`: API keys and
+credential-looking values never show.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from structgen.redact import redact
 
 __all__ = [
     "BackendError",
+    "BatchInterrupted",
     "CapabilityError",
     "ConstraintError",
     "DeadlineExceededError",
     "InputError",
+    "OptionError",
     "OutputValidationError",
     "ProgramError",
+    "RequestCancelled",
     "ResponseTooLargeError",
     "StructgenError",
+    "map_error",
 ]
 
 
@@ -70,6 +81,19 @@ class StructgenError(Exception):
 
 class ProgramError(StructgenError):
     """A program misused the DSL (unknown variable, bad argument) or failed while running."""
+
+
+class OptionError(ProgramError):
+    """A run or sampling option has the wrong type or is out of range (raised where it is passed).
+
+    ``option`` is the option's name as the caller spelled it (``max_tokens``,
+    ``max_new_tokens``, ``temperature``...); ``value`` is what was passed.
+    """
+
+    def __init__(self, option: str, value: Any, expected: str, **kw: Any):
+        self.option = option
+        self.value = value
+        super().__init__(f"{option} must be {expected}, not {value!r}", **kw)
 
 
 class ConstraintError(StructgenError):
@@ -181,3 +205,59 @@ class OutputValidationError(StructgenError):
             full += f": {detail}"
         full += f" (raw output: {shown!r})"
         super().__init__(full, **kw)
+
+
+class RequestCancelled(StructgenError):
+    """The caller cancelled this work before it finished (Ctrl-C, an interrupted batch).
+
+    Backends fail a request with it when its :class:`~structgen.contract.backend.Cancellation`
+    is set; a run fails with it when its batch is interrupted.
+    """
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """``run_batch`` was interrupted (Ctrl-C, or a KeyboardInterrupt / SystemExit in an item).
+
+    The batch's outstanding requests were cancelled; ``states`` holds every item in input
+    order: finished items with their results, the others failed with
+    :class:`RequestCancelled`. ``cause`` is the exception that interrupted the batch. It is
+    a ``KeyboardInterrupt``, so an uncaught one still stops the script.
+    """
+
+    def __init__(self, states: Sequence[Any], cause: BaseException, *, finished: int):
+        self.states = list(states)
+        self.cause = cause
+        self.finished = finished
+        super().__init__(f"run_batch interrupted by {type(cause).__name__}: "
+                         f"{finished} of {len(self.states)} items finished")
+
+
+#: where an exception came from, for :func:`map_error`
+Origin = Literal["body", "backend", "output"]
+
+
+def map_error(exc: BaseException, origin: Origin, *, backend: str | None = None, raw: str | None = None,
+              truncated: bool = False, program: str | None = None,
+              variable: str | None = None) -> StructgenError:
+    """The :class:`StructgenError` for ``exc``, an exception from a known place.
+
+    A ``StructgenError`` passes through (its program / variable filled in if unknown).
+    Anything else is wrapped with ``exc`` as its ``__cause__``: from the program body a
+    :class:`ProgramError`; from a backend (sending, or a result that cannot be recorded) a
+    :class:`BackendError`; from checking an output an :class:`OutputValidationError` with
+    the raw text (so ``retries=`` applies). An error raised below the program body is
+    never reported as the body's.
+    """
+    if isinstance(exc, StructgenError):
+        return exc.with_context(program=program, variable=variable)
+    what = f"{type(exc).__name__}: {exc}"
+    err: StructgenError
+    if origin == "body":
+        err = ProgramError(f"the program body raised {what}")
+    elif origin == "output":
+        err = OutputValidationError(f"the output could not be validated ({what})", raw=raw or "",
+                                    truncated=truncated)
+    else:
+        err = BackendError(f"unexpected failure: {what}", backend=backend)
+    err.__cause__ = exc
+    return err.with_context(program=program, variable=variable)

@@ -104,7 +104,7 @@ class EmbeddedBackend(Backend):
     name = "embedded"
     capabilities = Capabilities(
         regex=True, tools=True, json_schema=True, grammar=True, choices=True, select="logprobs",
-        logprobs=True, prefix_cache=True, fork=True, streaming=True, sampling=_SAMPLING)
+        prefix_cache=True, streaming=True, sampling=_SAMPLING)
 
     def __init__(self, model: Any = None, *, device: str = "auto", dtype: Any = None,
                  prefix_cache_entries: int = 8, prefix_cache_tokens: int = 16384,

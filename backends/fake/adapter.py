@@ -51,7 +51,7 @@ class FakeBackend(Backend):
         self._selector = selector
         self.capabilities = capabilities or Capabilities(
             regex=True, json_schema=True, grammar=True, choices=True, select="logprobs", tools=True,
-            logprobs=True, streaming=True, sampling=_ALL_SAMPLING)
+            streaming=True, sampling=_ALL_SAMPLING)
         self._template = ChatTemplate(render, name="fake-chatml") if render else None
         self.requests: list[GenerateRequest | SelectRequest] = []
         self.batches: list[int] = []

@@ -89,7 +89,7 @@ class LlamaCppBackend(OpenAICompatBackend):
         return Capabilities(
             regex=True, json_schema=True, grammar=False, choices=True, select="choice",
             # tool calls: structgen's own GBNF of the turn (tool_gbnf.py)
-            logprobs=False, prefix_cache=False, fork=True, tools=True, streaming=False,
+            prefix_cache=False, tools=True, streaming=False,
             chat_messages=False,
             sampling=frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
                                 "seed", "frequency_penalty", "presence_penalty"}))

@@ -193,7 +193,7 @@ class OpenAIBackend(OpenAICompatBackend):
     def _capabilities_for(self, version: str | None) -> Capabilities:
         return Capabilities(
             regex=False, json_schema=True, grammar=False, choices=True, select="choice",
-            logprobs=False, prefix_cache=False, fork=True, tools=True, streaming=False,
+            prefix_cache=False, tools=True, streaming=False,
             chat_messages=True,
             sampling=frozenset({"max_new_tokens", "temperature", "top_p", "stop", "seed",
                                 "frequency_penalty", "presence_penalty"}))

@@ -93,7 +93,7 @@ class SGLangBackend(ServerBackend):
         gb = self.grammar_backend or "xgrammar"
         return Capabilities(
             regex=gb != "none", json_schema=gb != "none", grammar=gb == "llguidance",
-            choices=gb != "none", select="logprobs", logprobs=True, prefix_cache=True, fork=True,
+            choices=gb != "none", select="logprobs", prefix_cache=True,
             tools=gb == "llguidance", streaming=False, chat_messages=False,  # tool calls: the Lark grammar
             sampling=frozenset(_SAMPLING) - {"n"} | {"return_logprob", "logprob_start_len",
                                                    "top_logprobs_num", "seed"})

@@ -89,8 +89,8 @@ class TritonBackend(ServerBackend):
                                                                                     "temperature"}
         return Capabilities(
             regex=guided, json_schema=guided, grammar=False, choices=guided,
-            select="choice" if guided else "none", logprobs=False, prefix_cache=False, fork=True,
-            tools=False, streaming=False, chat_messages=False, sampling=sampling)
+            select="choice" if guided else "none", prefix_cache=False, tools=False, streaming=False,
+            chat_messages=False, sampling=sampling)
 
     # -- translation ------------------------------------------------------------------
     def guide(self, spec: ConstraintSpec) -> tuple[str, str]:

@@ -113,8 +113,8 @@ class TRTLLMBackend(OpenAICompatBackend):
         guided = self.guided_decoding_backend is not None
         return Capabilities(
             regex=guided, json_schema=guided, grammar=self.guided_decoding_backend == "llguidance",
-            choices=guided, select="choice" if guided else "none", logprobs=False,
-            prefix_cache=True, fork=True, tools=False, streaming=False, chat_messages=False,
+            choices=guided, select="choice" if guided else "none", prefix_cache=True, tools=False,
+            streaming=False, chat_messages=False,
             sampling=frozenset({"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
                                 "stop", "stop_token_ids", "seed", "frequency_penalty",
                                 "presence_penalty", "ignore_eos"}))

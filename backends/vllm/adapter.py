@@ -87,7 +87,7 @@ class VLLMBackend(OpenAICompatBackend):
         return Capabilities(
             regex=True, json_schema=True, grammar=lark, choices=True, select="logprobs",
             # tool calls travel as the Lark grammar (see the module docstring)
-            logprobs=True, prefix_cache=True, fork=True, tools=lark, streaming=False,
+            prefix_cache=True, tools=lark, streaming=False,
             chat_messages=False,
             sampling=frozenset({"max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
                                 "min_p", "stop", "stop_token_ids", "seed", "frequency_penalty",

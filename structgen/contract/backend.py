@@ -5,14 +5,21 @@ values; a backend serves a *list* of them at once (so engines can batch) and ret
 per request, a result or the :class:`~structgen.errors.StructgenError` that request
 failed with -- one failure never takes down the others.
 
-Before anything is sent, :meth:`Backend.check` compares each request against the
-backend's :class:`Capabilities` and raises :class:`~structgen.errors.CapabilityError`
-naming the backend, its version and the feature. A constraint is never dropped.
+Before anything is sent, :meth:`Backend.check_generate` / :meth:`Backend.check_select`
+compare each request against the backend's :class:`Capabilities` and raise
+:class:`~structgen.errors.CapabilityError` naming the backend, its version and the
+feature. A constraint is never dropped.
+
+A request may carry a :class:`Cancellation`: when the caller sets it (Ctrl-C, an
+interrupted batch), a backend stops the request's outstanding work and fails it with
+:class:`~structgen.errors.RequestCancelled`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,10 +29,11 @@ from typing import Any, Literal
 from structgen.constraints.kind import kind_of
 from structgen.constraints.spec import ConstraintSpec
 from structgen.contract.chat_template import ChatTemplate
-from structgen.errors import CapabilityError, StructgenError
+from structgen.errors import CapabilityError, RequestCancelled, StructgenError
 
 __all__ = [
     "Backend",
+    "Cancellation",
     "Capabilities",
     "GenerateRequest",
     "GenerateResult",
@@ -48,17 +56,85 @@ class Capabilities:
     #: how ``select`` is scored: from prompt log-probabilities, by a constrained choice
     #: generation (no scoring methods), or not at all.
     select: Literal["logprobs", "choice", "none"] = "none"
-    logprobs: bool = False
     prefix_cache: bool = False
-    fork: bool = True
+    #: tool calls (checked by the tool-call constraint kind before sending)
     tools: bool = False
+    #: generated text arrives token by token through ``on_text``; without it a streaming
+    #: run receives each generation's text whole, when it completes
     streaming: bool = False
     #: the backend renders roles itself from ``messages`` (chat APIs) rather than
     #: receiving text rendered with :meth:`Backend.chat_template`.
     chat_messages: bool = False
-    #: sampling parameters that are honoured; others raise CapabilityError when set.
+    #: sampling parameters that are honoured; others raise CapabilityError when set
+    #: (``return_logprob`` / ``top_logprobs_num`` here: the backend returns logprobs)
     sampling: frozenset[str] = frozenset(
         {"max_new_tokens", "temperature", "top_p", "top_k", "stop"})
+
+
+log = logging.getLogger("structgen.backends")
+
+
+class Cancellation:
+    """A cancel flag shared by the requests of one run or one batch.
+
+    The caller sets it (:meth:`cancel`: Ctrl-C, an interrupted batch). A backend checks
+    :attr:`cancelled` between steps, or registers :meth:`on_cancel` to wake what waits,
+    and fails the request's outstanding work with :meth:`error`
+    (:class:`~structgen.errors.RequestCancelled`). Thread-safe; cancelling twice is a no-op.
+    """
+
+    __slots__ = ("_callbacks", "_event", "_lock", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.reason = ""
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Set the flag and run the registered callbacks (in this thread)."""
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.reason = reason
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a backend's wake-up hook must not stop the others
+                log.exception("a cancellation callback failed")
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when cancelled (at once if already); returns an unregister function."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+
+                def unregister() -> None:
+                    with self._lock:
+                        if callback in self._callbacks:
+                            self._callbacks.remove(callback)
+
+                return unregister
+        callback()
+        return lambda: None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until cancelled (True) or ``timeout`` seconds pass (False)."""
+        return self._event.wait(timeout)
+
+    def error(self, *, program: str | None = None, variable: str | None = None) -> RequestCancelled:
+        """The error a backend fails cancelled work with."""
+        return RequestCancelled(f"cancelled before it finished ({self.reason or 'cancelled'})",
+                                program=program, variable=variable)
+
+    def __repr__(self) -> str:
+        return f"<Cancellation {'set: ' + self.reason if self.cancelled else 'clear'}>"
 
 
 @dataclass(frozen=True)
@@ -121,7 +197,8 @@ class GenerateRequest:
     ``messages`` holds the same conversation as structured messages for chat-API
     backends; an open assistant turn is the last message. ``program``/``variable``
     name the origin for error messages. ``group`` ties requests that share a prefix
-    (a batch or a fork) so a scheduler can keep them together.
+    (a batch or a fork) so a scheduler can keep them together. ``cancel``, when set by
+    the caller, means: stop this request's work and fail it with ``RequestCancelled``.
     """
 
     prompt: str
@@ -131,6 +208,7 @@ class GenerateRequest:
     program: str | None = None
     variable: str | None = None
     group: str | None = None
+    cancel: Cancellation | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -160,6 +238,7 @@ class SelectRequest:
     program: str | None = None
     variable: str | None = None
     group: str | None = None
+    cancel: Cancellation | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -201,12 +280,12 @@ class Backend(ABC):
         """The tokenizer's own chat template, for backends that take rendered text."""
         return None
 
-    def warm(self, prefix: str) -> None:
+    def warm(self, prefix: str) -> None:  # noqa: B027  (optional hook)
         """Compute and cache ``prefix`` once, ahead of requests that all start with it
         (a batch's shared system prompt and few-shot examples). Backends without a
         prefix cache need not do anything. Must not raise for a transient failure."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional hook)
         """Release resources (connections, servers, model memory)."""
 
     def stats(self) -> Mapping[str, Any]:

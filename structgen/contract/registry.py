@@ -34,7 +34,10 @@ def get_backend(name: str, **kwargs: Any) -> Backend:
         cls = eps[0].load()
     except ImportError as exc:
         raise BackendError(f"backend {name!r} cannot be imported: {exc}", backend=name) from exc
-    return cls(**kwargs)
+    backend = cls(**kwargs)
+    if not isinstance(backend, Backend):
+        raise BackendError(f"the entry point {name!r} made {type(backend).__name__}, not a Backend", backend=name)
+    return backend
 
 
 def resolve(backend: Backend | str | None) -> Backend:
