@@ -21,12 +21,15 @@ from structgen.contract.registry import (
 )
 from structgen.errors import (
     BackendError,
+    BatchInterrupted,
     CapabilityError,
     ConstraintError,
     DeadlineExceededError,
     InputError,
+    OptionError,
     OutputValidationError,
     ProgramError,
+    RequestCancelled,
     ResponseTooLargeError,
     StructgenError,
 )
@@ -55,7 +58,7 @@ from structgen.lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from structgen.lang.program import Program, function, program
+from structgen.lang.program import Program, RunOptions, function, program
 from structgen.lang.state import ForkGroup, ProgramState
 from structgen.tools import Agent, Tool, ToolCall, ToolResult, ToolTurn, run_tools, tool
 
@@ -69,17 +72,21 @@ __all__ = [
     "Agent",
     "Backend",
     "BackendError",
+    "BatchInterrupted",
     "Capabilities",
     "CapabilityError",
     "ConstraintError",
     "DeadlineExceededError",
     "ForkGroup",
     "InputError",
+    "OptionError",
     "OutputValidationError",
     "Program",
     "ProgramError",
     "ProgramState",
+    "RequestCancelled",
     "ResponseTooLargeError",
+    "RunOptions",
     "SamplingParams",
     "StructgenError",
     "Tool",

@@ -24,6 +24,7 @@ from structgen.constraints.kinds import (
     RegexSpec,
     close_schema,
     dtype_spec,
+    grammar_spec,
     json_schema_spec,
     regex_spec,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "RegexSpec",
     "close_schema",
     "dtype_spec",
+    "grammar_spec",
     "json_schema_spec",
     "regex_spec",
 ]

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from structgen.constraints.spec import (
     dtype_spec,
+    grammar_spec,
     json_schema_spec,
     regex_spec,
 )
-from structgen.errors import ConstraintError, ProgramError
+from structgen.errors import ConstraintError, OptionError, ProgramError
 from structgen.lang.choices import ChoicesSamplingMethod, method_by_name
 from structgen.lang.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, ToolMessages, UseTools, as_node
+from structgen.lang.options import check_option
 
 __all__ = [
     "assistant",
@@ -36,19 +38,14 @@ __all__ = [
 ]
 
 
-#: SamplingParams field for each of gen()'s sampling arguments, in signature order.
-_PARAM_NAMES = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex",
-                "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-                "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
-                "return_text_in_logprobs")
-
-
-def _tuple(value: str | Sequence[Any] | None) -> tuple[Any, ...]:
-    if not value:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value)
+#: (name in gen()'s signature, SamplingParams field) for each sampling argument, in order
+_GEN_OPTIONS = (("max_tokens", "max_new_tokens"), ("min_tokens", "min_new_tokens"), ("n", "n"),
+                ("stop", "stop"), ("stop_token_ids", "stop_token_ids"), ("stop_regex", "stop_regex"),
+                ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
+                ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty"),
+                ("ignore_eos", "ignore_eos"), ("return_logprob", "return_logprob"),
+                ("logprob_start_len", "logprob_start_len"), ("top_logprobs_num", "top_logprobs_num"),
+                ("return_text_in_logprobs", "return_text_in_logprobs"))
 
 
 def gen(
@@ -76,7 +73,8 @@ def gen(
     regex: str | None = None,
     json_schema: Any = None,
     *,
-    whitespace: str = "compact",
+    grammar: str | None = None,
+    whitespace: Literal["compact", "flexible"] = "compact",
     strict: bool = True,
     retries: int = 0,
     tools: Sequence[Any] | None = None,
@@ -87,14 +85,17 @@ def gen(
     """Generate into variable ``name``.
 
     Constraints (at most one): ``regex``, ``json_schema`` (a JSON string, a dict, or a
-    pydantic model class -- the typed value is then a model instance), ``dtype``
-    (int/float/str/bool), or ``choices`` (which makes this a :func:`select`).
+    pydantic model class -- the typed value is then a model instance), ``grammar`` (a Lark
+    grammar, llguidance's dialect: on the embedded backend and engines that take grammars),
+    ``dtype`` (int/float/str/bool), or ``choices`` (which makes this a :func:`select`).
     ``whitespace``: ``"compact"`` JSON (default) or ``"flexible"``. ``strict`` (default):
     objects of the schema that declare ``properties`` and say nothing about other keys
     allow only those keys (``additionalProperties: false``); ``strict=False`` keeps JSON
-    Schema's open default, where the model may add keys. ``retries``: how many
-    times to re-sample when the output fails validation (e.g. cut short by max_tokens).
-    Malformed constraints raise :class:`ConstraintError` here, before anything runs.
+    Schema's open default, where the model may add keys. ``retries``: how many times to
+    re-sample when the output fails validation (e.g. cut short by max_tokens); when
+    streaming, such a gen's text is streamed once an attempt validates.
+    Malformed constraints raise :class:`ConstraintError` and bad sampling options
+    :class:`~structgen.errors.OptionError` here, before anything runs.
 
     ``tools`` (functions, ``@tool`` s, pydantic models, OpenAI tool dicts, MCP tools) makes
     this a tool-calling turn (see :mod:`structgen.tools`): the output is an answer or calls
@@ -104,10 +105,13 @@ def gen(
     (one call), ``True`` or a bound ``k``. ``think=True`` (or a tag pair) lets the model
     write a thinking section first, then the constrained part.
     """
+    if name is not None and not isinstance(name, str):
+        raise ProgramError(f"a gen's variable name must be a string, not {name!r}")
     if choices is not None:
-        return select(name, list(choices), temperature=temperature or 0.0, choices_method=choices_method)
-    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype),
-                            ("tools", tools)) if v is not None]
+        return select(name, list(choices), temperature=0.0 if temperature is None else temperature,
+                      choices_method=choices_method)
+    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("grammar", grammar),
+                            ("dtype", dtype), ("tools", tools)) if v is not None]
     if len(given) > 1:
         raise ConstraintError(f"gen({name!r}) takes one constraint, got {given}")
     constraint: Any = None
@@ -122,18 +126,18 @@ def gen(
     elif regex is not None:
         constraint = regex_spec(regex)
     elif json_schema is not None:
-        constraint = json_schema_spec(json_schema, whitespace=whitespace, strict=strict)  # type: ignore[arg-type]
+        constraint = json_schema_spec(json_schema, whitespace=whitespace, strict=strict)
+    elif grammar is not None:
+        constraint = grammar_spec(grammar)
     elif dtype is not None:
         constraint = dtype_spec(dtype)
-    if not isinstance(retries, int) or retries < 0:
-        raise ProgramError(f"retries must be a non-negative int, not {retries!r}")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ProgramError(f"max_tokens must be a positive int, not {max_tokens!r}")
-    values = (max_tokens, min_tokens, n, _tuple(stop) or None, _tuple(stop_token_ids) or None,
-              _tuple(stop_regex) or None, temperature, top_p, top_k, min_p, frequency_penalty,
-              presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
-              return_text_in_logprobs)
-    set_params = tuple((k, v) for k, v in zip(_PARAM_NAMES, values) if v is not None)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise OptionError("retries", retries, "an int >= 0", variable=name)
+    values = (max_tokens, min_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
+              frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
+              top_logprobs_num, return_text_in_logprobs)
+    set_params = tuple((field, check_option(field, v, spelled=spelled))
+                       for (spelled, field), v in zip(_GEN_OPTIONS, values, strict=True) if v is not None)
     typed = None if getattr(constraint, "think", None) is not None else dtype  # thinking converts itself
     return Gen(name=name, params=set_params, constraint=constraint, dtype=typed, retries=retries)
 
@@ -164,7 +168,8 @@ def select(name: str | None = None, choices: Sequence[str] | None = None, temper
         raise ProgramError(f"select({name!r}) has duplicate choices")
     if choices_method is not None:
         method_by_name(choices_method)  # validate now
-    return Select(name=name, choices=opts, temperature=float(temperature or 0.0), method=choices_method)
+    temperature = check_option("temperature", 0.0 if temperature is None else temperature)
+    return Select(name=name, choices=opts, temperature=float(temperature), method=choices_method)
 
 
 def _role(role: str, expr: Any = None) -> Expr:

@@ -55,7 +55,8 @@ class ChoicesSamplingMethod:
 class TokenLengthNormalized(ChoicesSamplingMethod):
     name = "token_length_normalized"
 
-    def __call__(self, *, choices, token_logprobs, unconditional_token_logprobs=None):
+    def __call__(self, *, choices: Sequence[str], token_logprobs: Sequence[Sequence[float]],
+                 unconditional_token_logprobs: Sequence[Sequence[float]] | None = None) -> ChoicesDecision:
         normalized = [_mean(lp) for lp in token_logprobs]
         return ChoicesDecision(_argmax_first(normalized), {
             "normalized_prompt_logprobs": normalized,
@@ -65,7 +66,8 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
 class GreedyTokenSelection(ChoicesSamplingMethod):
     name = "greedy_token_selection"
 
-    def __call__(self, *, choices, token_logprobs, unconditional_token_logprobs=None):
+    def __call__(self, *, choices: Sequence[str], token_logprobs: Sequence[Sequence[float]],
+                 unconditional_token_logprobs: Sequence[Sequence[float]] | None = None) -> ChoicesDecision:
         width = max((len(lp) for lp in token_logprobs), default=0)
         matrix = []
         for lp in token_logprobs:
@@ -88,14 +90,15 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
     name = "unconditional_likelihood_normalized"
     requires_unconditional_logprobs = True
 
-    def __call__(self, *, choices, token_logprobs, unconditional_token_logprobs=None):
+    def __call__(self, *, choices: Sequence[str], token_logprobs: Sequence[Sequence[float]],
+                 unconditional_token_logprobs: Sequence[Sequence[float]] | None = None) -> ChoicesDecision:
         if unconditional_token_logprobs is None:
             raise ValueError("unconditional token logprobs are required for this method")
         scores = []
-        for cond, uncond in zip(token_logprobs, unconditional_token_logprobs):
+        for cond, uncond in zip(token_logprobs, unconditional_token_logprobs, strict=False):
             if len(cond) != len(uncond):
                 raise ValueError("conditional and unconditional logprobs differ in length")
-            scores.append(_mean([c - (u or 0.0) for c, u in zip(cond, uncond)]))
+            scores.append(_mean([c - (u or 0.0) for c, u in zip(cond, uncond, strict=True)]))
         return ChoicesDecision(_argmax_first(scores), {
             "normalized_prompt_logprobs": [_mean(lp) for lp in token_logprobs],
             "input_token_logprobs": [list(lp) for lp in token_logprobs],

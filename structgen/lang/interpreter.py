@@ -1,62 +1,49 @@
-"""The sans-I/O interpreter: IR nodes in, generation requests out, results back in.
+"""The sans-I/O interpreter: IR nodes in, backend requests out, results back in.
 
 One :class:`Interpreter` holds the state of one running program (or one fork of it):
 its text, variables, typed values, messages and meta information. It never performs
-I/O. A driver (:mod:`structgen.lang.run`) repeatedly asks :meth:`Interpreter.step` for the
-next request, sends the requests of many interpreters to a backend together (batching
-forks and concurrent runs), and hands each result back with :meth:`Interpreter.deliver`.
-The same core serves sync runs, async runs, streaming, batches and tests with fakes.
+I/O. The drive loop (:mod:`structgen.lang.run`) repeatedly asks :meth:`Interpreter.step`
+for the next request, sends the requests of many interpreters to a backend together
+(batching forks and concurrent runs), and hands each result back with
+:meth:`Interpreter.deliver`. Prompt-side nodes (text, roles, variable scopes) are handled
+here; nodes that need a backend are dispatched through the request-kind table
+(:mod:`structgen.lang.kinds`).
 """
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
-from structgen.contract.backend import (
-    GenerateRequest,
-    GenerateResult,
-    Message,
-    SamplingParams,
-    SelectRequest,
-    SelectResult,
-)
+from structgen.contract.backend import Cancellation, Message, SamplingParams
 from structgen.contract.chat_template import ChatTemplate
-from structgen.errors import OutputValidationError, ProgramError, StructgenError
-from structgen.lang.choices import method_by_name
-from structgen.lang.ir import (
-    Expr,
-    Gen,
-    RoleBegin,
-    RoleEnd,
-    Select,
-    Text,
-    ToolMessages,
-    UseTools,
-    VarScopeBegin,
-    VarScopeEnd,
-    flatten,
-)
+from structgen.errors import ProgramError, StructgenError, map_error
+from structgen.lang.ir import Expr, RoleBegin, RoleEnd, Text, VarScopeBegin, VarScopeEnd, flatten
+from structgen.lang.kinds import RequestKind, kind_for_node
 
-__all__ = ["Interpreter", "Request"]
+__all__ = ["Emit", "Interpreter", "Pending"]
 
-Request = Union[GenerateRequest, SelectRequest]
 #: ``emit(delta, variable)``: text appended to the state (variable None for prompt text).
 Emit = Callable[[str, str | None], None]
 
 _ROLES = ("system", "user", "assistant", "tool")
+JOIN_MODES = ("gather_variable", "concate_and_append")
 
 
 @dataclass
-class _Pending:
-    node: Gen | Select
-    request: Request
+class Pending:
+    """The request an interpreter waits on."""
+
+    kind: RequestKind
+    node: Any
+    request: Any
     name: str
     attempt: int = 0
     streamed: int = 0  # characters already emitted through on_delta
+    #: deltas are not streamed (the text is emitted whole once it validates: retries)
+    hold: bool = False
 
 
 @dataclass
@@ -71,13 +58,15 @@ class Interpreter:
 
     def __init__(self, *, program: str | None, defaults: SamplingParams,
                  chat_template: ChatTemplate | None, chat_messages: bool = False,
-                 group: str | None = None, emit: Emit | None = None):
+                 group: str | None = None, emit: Emit | None = None,
+                 cancel: Cancellation | None = None):
         self.program = program
         self.defaults = defaults
         self.chat_template = chat_template
         self.chat_messages = chat_messages
         self.group = group
         self.emit = emit
+        self.cancel = cancel
         self.text = ""
         self.variables: dict[str, Any] = {}
         self.values: dict[str, Any] = {}
@@ -89,17 +78,17 @@ class Interpreter:
         self._role: _OpenRole | None = None
         self._scopes: dict[str, int] = {}
         self._queue: deque[Expr] = deque()
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._anon = 0
 
-    # -- forking ----------------------------------------------------------------------
+    # -- forking and joining ---------------------------------------------------------------
     def fork(self, group: str, emit: Emit | None = None) -> Interpreter:
         """A child interpreter continuing from this one's current (idle) state."""
         if self._pending is not None or self._queue:
             raise ProgramError("cannot fork a state with work still pending", program=self.program)
         child = Interpreter(program=self.program, defaults=self.defaults,
                             chat_template=self.chat_template, chat_messages=self.chat_messages,
-                            group=group, emit=emit)
+                            group=group, emit=emit, cancel=self.cancel)
         child.text = self.text
         child.variables = dict(self.variables)
         child.values = dict(self.values)
@@ -110,17 +99,48 @@ class Interpreter:
         child._scopes = dict(self._scopes)
         return child
 
-    # -- input --------------------------------------------------------------------------
+    def join(self, children: Sequence[Interpreter], mode: str, *, base_vars: set[str],
+             base_len: int) -> None:
+        """Bring forked ``children`` (idle) back: the first child error fails this
+        interpreter and is raised; else ``gather_variable`` makes each variable the
+        children defined a list of their values here, ``concate_and_append`` appends the
+        text each child added, in order."""
+        if mode not in JOIN_MODES:
+            raise ProgramError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'",
+                               program=self.program)
+        for child in children:
+            if child.error is not None:
+                self.fail(child.error)
+                raise child.error
+        if mode == "gather_variable":
+            names = dict.fromkeys(n for c in children for n in c.variables if n not in base_vars)
+            for name in names:
+                self.variables[name] = [c.variables.get(name) for c in children]
+                self.values[name] = [c.values.get(name) for c in children]
+                self.meta[name] = {"forks": [c.meta.get(name) for c in children]}
+        else:
+            self.submit(Text("".join(c.text[base_len:] for c in children)))
+
+    # -- input ------------------------------------------------------------------------------
     def submit(self, node: Expr) -> None:
         if self.error is None:
             self._queue.extend(flatten(node))
+
+    def set_variable(self, name: str, value: Any) -> None:
+        """``s[name] = value``: a variable the program sets itself."""
+        self.variables[name] = value
+        self.values[name] = value
 
     @property
     def idle(self) -> bool:
         return self.error is not None or (self._pending is None and not self._queue)
 
-    def step(self) -> Request | None:
-        """Process queued nodes up to the next generation; return its request, if any."""
+    @property
+    def pending(self) -> Pending | None:
+        return self._pending
+
+    def step(self) -> Any:
+        """Process queued nodes up to the next request; return it (None when idle)."""
         if self.error is not None:
             return None
         if self._pending is not None:
@@ -128,21 +148,33 @@ class Interpreter:
         try:
             while self._queue:
                 node = self._queue.popleft()
-                req = self._exec(node)
-                if req is not None:
-                    return req
-        except StructgenError as exc:
+                handler = _PROMPT_NODES.get(type(node))
+                if handler is not None:
+                    handler(self, node)
+                    continue
+                kind = kind_for_node(type(node))
+                if kind is None:
+                    raise ProgramError(f"unsupported node {type(node).__name__}")
+                name = self._name(getattr(node, "name", None))
+                # a node that may be retried is streamed only once an attempt is accepted
+                self._pending = Pending(kind, node, kind.start(self, node, name), name,
+                                        hold=getattr(node, "retries", 0) > 0)
+                return self._pending.request
+        except Exception as exc:  # a DSL misuse (ProgramError), or the chat template failing
             self.fail(exc)
         return None
 
+    # -- results ------------------------------------------------------------------------------
     def on_delta(self, delta: str) -> None:
         """Streaming: part of the pending generation's text arrived."""
-        if self._pending is not None and delta:
-            self._pending.streamed += len(delta)
+        pending = self._pending
+        if pending is not None and delta and not pending.hold:
+            pending.streamed += len(delta)
             if self.emit is not None:
-                self.emit(delta, self._pending.name)
+                self.emit(delta, pending.name)
 
-    def deliver(self, result: GenerateResult | SelectResult | BaseException) -> None:
+    def deliver(self, result: Any) -> None:
+        """The result (or the error) of the pending request."""
         pending = self._pending
         if pending is None:
             raise ProgramError("result delivered with no request pending", program=self.program)
@@ -157,59 +189,41 @@ class Interpreter:
             self.fail(result, variable=pending.name)
             return
         try:
-            if isinstance(pending.node, Gen):
-                self._finish_gen(pending, result)  # type: ignore[arg-type]
-            else:
-                self._finish_select(pending, result)  # type: ignore[arg-type]
-        except StructgenError as exc:
-            self.fail(exc, variable=pending.name)
+            pending.kind.finish(self, pending, result)
+        except Exception as exc:  # a result that cannot be recorded is the backend's fault
+            self.fail(map_error(exc, "backend"), variable=pending.name)
+
+    def resend(self, pending: Pending) -> None:
+        """Make ``pending`` (a new attempt) the request this interpreter waits on."""
+        self._pending = pending
+
+    def record(self, name: str, text: str, value: Any, meta: dict[str, Any], *, streamed: int = 0) -> None:
+        """A request's outcome: ``text`` joins the state (emitting what was not streamed yet)
+        and becomes variable ``name``, with its typed ``value`` and ``meta``."""
+        self.text += text
+        rest = text[streamed:]
+        if self.emit is not None and rest:
+            self.emit(rest, name)
+        self.variables[name] = text
+        self.values[name] = value
+        self.meta[name] = meta
 
     def fail(self, exc: BaseException, *, variable: str | None = None) -> None:
-        if not isinstance(exc, StructgenError):
-            err: StructgenError = ProgramError(f"{type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-        else:
-            err = exc
-        err.with_context(program=self.program, variable=variable)
+        err = map_error(exc, "backend", program=self.program, variable=variable)
         if self.error is None:
             self.error = err
         self._queue.clear()
         self._pending = None
 
-    # -- execution of one node ------------------------------------------------------------
-    def _append(self, text: str, variable: str | None = None) -> None:
+    # -- prompt-side nodes ----------------------------------------------------------------------
+    def _append(self, text: str) -> None:
         if text:
             self.text += text
             if self.emit is not None:
-                self.emit(text, variable)
+                self.emit(text, None)
 
-    def _exec(self, node: Expr) -> Request | None:
-        if isinstance(node, Text):
-            self._append(node.value)
-        elif isinstance(node, Gen):
-            return self._start_gen(node)
-        elif isinstance(node, Select):
-            return self._start_select(node)
-        elif isinstance(node, RoleBegin):
-            self._role_begin(node.role)
-        elif isinstance(node, RoleEnd):
-            self._role_end(node.role)
-        elif isinstance(node, UseTools):
-            self._use_tools(node.tools)
-        elif isinstance(node, ToolMessages):
-            self._tool_messages(node)
-        elif isinstance(node, VarScopeBegin):
-            self._scopes[node.name] = len(self.text)
-        elif isinstance(node, VarScopeEnd):
-            start = self._scopes.pop(node.name, None)
-            if start is None:
-                raise ProgramError(f"var_scope {node.name!r} ended but never began")
-            self.variables[node.name] = self.text[start:]
-        else:
-            raise ProgramError(f"unsupported node {type(node).__name__}")
-        return None
-
-    def _role_begin(self, role: str) -> None:
+    def _role_begin(self, node: RoleBegin) -> None:
+        role = node.role
         if role not in _ROLES:
             raise ProgramError(f"unknown role {role!r}; use one of {list(_ROLES)}")
         if self._role is not None:
@@ -222,7 +236,8 @@ class Interpreter:
         self._append(prefix)
         self._role = _OpenRole(role, len(self.text), suffix)
 
-    def _role_end(self, role: str) -> None:
+    def _role_end(self, node: RoleEnd) -> None:
+        role = node.role
         if self._role is None or self._role.role != role:
             open_ = self._role.role if self._role else None
             raise ProgramError(f"role {role!r} ends but the open turn is {open_!r}")
@@ -231,50 +246,18 @@ class Interpreter:
         self.messages.append({"role": role, "content": content})
         self._role = None
 
-    # -- tools (structgen.tools: imported only when a program uses them) ------------------
-    def _template(self) -> tuple[ChatTemplate, list[dict[str, Any]] | None]:
-        """The template role turns render with, and the tool list it shows (if any)."""
-        if self.chat_template is None:
-            raise ProgramError("the backend has no chat template, so roles cannot be rendered")
-        if not self.tools:
-            return self.chat_template, None
-        from structgen.tools.formats import tools_template
+    def _scope_begin(self, node: VarScopeBegin) -> None:
+        self._scopes[node.name] = len(self.text)
 
-        return tools_template(self.chat_template)[0], [t.openai() for t in self.tools]
+    def _scope_end(self, node: VarScopeEnd) -> None:
+        start = self._scopes.pop(node.name, None)
+        if start is None:
+            raise ProgramError(f"var_scope {node.name!r} ended but never began")
+        self.variables[node.name] = self.text[start:]
 
-    def _use_tools(self, tools: tuple[Any, ...]) -> None:
-        if self._role is not None:
-            raise ProgramError("use_tools(...) must come before or between role turns, not inside one")
-        self.tools = tools
-        if not self.chat_messages and self.chat_template is None:  # plain text: the block itself
-            from structgen.tools.formats import injected_system_text
-
-            self._append(injected_system_text([t.openai() for t in tools]) + "\n")
-
-    def _tool_messages(self, node: ToolMessages) -> None:
-        if self._role is not None:
-            raise ProgramError(f"tool results cannot go inside an open {self._role.role!r} turn")
-        new = [{"role": "tool", "content": content, **({"tool_call_id": cid} if cid else {}),
-                **({"name": name} if name else {})} for content, cid, name in node.results]
-        if not self.chat_messages:
-            template, tools = self._template()
-            self._append(template.continuation(self.messages, new, tools))
-        self.messages.extend(new)
-
-    def _resolve_tools(self, request: Any) -> Any:
-        """A ``gen(tools=...)`` becomes the constraint for this backend's call format."""
-        if not self.chat_messages:
-            shown = {t.name for t in self.tools}
-            missing = [t.name for t in request.tools if t.name not in shown]
-            if missing:
-                raise ProgramError(f"gen(tools=...) uses tools the prompt does not show: {missing}; "
-                                   "add s += sg.use_tools([...]) before the conversation")
-            template = None if self.chat_template is None else self._template()[0]
-            return request.resolve(template)
-        return request.resolve(None)
-
-    def _request_messages(self) -> tuple[Message, ...]:
-        msgs = [Message(m["role"], m["content"], m.get("tool_call_id"), m.get("name")) for m in self.messages]
+    def request_messages(self) -> tuple[Message, ...]:
+        """The conversation so far for chat-API backends (an open turn is the last message)."""
+        msgs = [Message(m["role"], m["content"]) for m in self.messages]
         if self._role is not None:
             msgs.append(Message(self._role.role, self.text[self._role.start:]))
         return tuple(msgs)
@@ -285,126 +268,11 @@ class Interpreter:
             return f"_gen_{self._anon}"
         return name
 
-    def _start_gen(self, node: Gen) -> Request:
-        name = self._name(node.name)
-        constraint = node.constraint
-        if getattr(constraint, "kind", None) == "tool_request":
-            constraint = self._resolve_tools(constraint)
-        req = GenerateRequest(prompt=self.text, params=node.sampling(self.defaults),
-                              constraint=constraint, messages=self._request_messages(),
-                              program=self.program, variable=name, group=self.group)
-        self._pending = _Pending(node, req, name=name)
-        return req
 
-    def _start_select(self, node: Select) -> Request:
-        if not node.choices:
-            raise ProgramError("select needs at least one choice", variable=node.name)
-        name = self._name(node.name)
-        method = method_by_name(node.method)
-        req = SelectRequest(prompt=self.text, choices=node.choices, temperature=node.temperature,
-                            method=None if node.method is None else method.name,
-                            need_unconditional=method.requires_unconditional_logprobs,
-                            messages=self._request_messages(), program=self.program,
-                            variable=name, group=self.group)
-        self._pending = _Pending(node, req, name=name)
-        return req
-
-    # -- results --------------------------------------------------------------------------
-    def _finish_gen(self, pending: _Pending, result: GenerateResult) -> None:
-        node: Gen = pending.node  # type: ignore[assignment]
-        name, text = pending.name, result.text
-        try:
-            value = _typed_value(node, text, truncated=result.finish_reason == "length",
-                                 constraint=pending.request.constraint)  # type: ignore[union-attr]
-        except OutputValidationError:
-            if pending.attempt < node.retries:
-                self._retry(pending)
-                return
-            raise
-        self.text += text
-        rest = text[pending.streamed:]
-        if self.emit is not None and rest:
-            self.emit(rest, name)
-        self.variables[name] = text
-        self.values[name] = value
-        meta = dict(result.meta)
-        meta.setdefault("finish_reason", result.finish_reason)
-        think = getattr(pending.request.constraint, "think", None)
-        if think is not None:
-            from structgen.tools.calls import split_thinking
-
-            meta["thinking"] = split_thinking(text, think)[0]
-        calls = getattr(value, "calls", None)
-        if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
-            meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]
-        if pending.attempt:
-            meta["attempts"] = pending.attempt + 1
-        self.meta[name] = meta
-
-    def _retry(self, pending: _Pending) -> None:
-        """Re-sample after a failed validation (greedy would repeat itself)."""
-        req: GenerateRequest = pending.request  # type: ignore[assignment]
-        params = req.params
-        attempt = pending.attempt + 1
-        params = replace(params, temperature=max(params.temperature, 0.7),
-                         seed=(params.seed or 0) + attempt)
-        self._pending = _Pending(pending.node, replace(req, params=params), pending.name, attempt=attempt)
-
-    def _finish_select(self, pending: _Pending, result: SelectResult) -> None:
-        node: Select = pending.node  # type: ignore[assignment]
-        if result.index is not None:
-            index, meta = result.index, dict(result.meta)
-        else:
-            if result.input_token_logprobs is None:
-                raise ProgramError("backend returned neither logprobs nor a choice for select")
-            method = method_by_name(node.method)
-            decision = method(choices=node.choices, token_logprobs=result.input_token_logprobs,
-                              unconditional_token_logprobs=result.unconditional_token_logprobs)
-            index, meta = decision.index, {**result.meta, **decision.meta_info}
-            if node.temperature > 0:
-                index = _sample_index(meta["normalized_prompt_logprobs"], node.temperature, index)
-        if not 0 <= index < len(node.choices):
-            raise ProgramError(f"backend chose option {index} of {len(node.choices)}")
-        choice = node.choices[index]
-        self._append(choice, pending.name)
-        self.variables[pending.name] = choice
-        self.values[pending.name] = choice
-        self.meta[pending.name] = meta
-
-
-def _sample_index(scores: list[float], temperature: float, default: int) -> int:
-    import math
-    import random
-
-    finite = [s for s in scores if s != float("-inf")]
-    if not finite:
-        return default
-    top = max(finite)
-    weights = [math.exp((s - top) / temperature) if s != float("-inf") else 0.0 for s in scores]
-    return random.choices(range(len(scores)), weights=weights)[0]
-
-
-def _typed_value(node: Gen, text: str, *, truncated: bool, constraint: Any = None) -> Any:
-    """Validate constrained output and convert it to its typed value."""
-    constraint = constraint if constraint is not None else node.constraint
-    if constraint is None:
-        return text
-    from structgen.constraints.validation import validate_output
-
-    value = validate_output(constraint, text, truncated=truncated)
-    if node.dtype is not None:
-        return _convert_dtype(node.dtype, text)
-    return value
-
-
-def _convert_dtype(dtype: Any, text: str) -> Any:
-    raw = text.strip()
-    if dtype in (int, "int"):
-        return int(raw)
-    if dtype in (float, "float"):
-        return float(raw)
-    if dtype in (bool, "bool"):
-        return raw == "True"
-    if dtype in (str, "str"):
-        return raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
-    return json.loads(raw)
+_PROMPT_NODES: dict[type[Any], Callable[[Interpreter, Any], None]] = {
+    Text: lambda it, node: it._append(node.value),
+    RoleBegin: Interpreter._role_begin,
+    RoleEnd: Interpreter._role_end,
+    VarScopeBegin: Interpreter._scope_begin,
+    VarScopeEnd: Interpreter._scope_end,
+}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Union
+from typing import Any
 
 from structgen.constraints.spec import (  # the dtype regexes: SGLang keeps them in sglang.lang.ir
     REGEX_BOOL,
@@ -132,7 +132,7 @@ class Concat(Expr):
     items: tuple[Expr, ...]
 
 
-Node = Union[Text, Gen, Select, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, UseTools, ToolMessages, Concat]
+Node = Text | Gen | Select | RoleBegin | RoleEnd | VarScopeBegin | VarScopeEnd | UseTools | ToolMessages | Concat
 
 
 def as_node(value: Any) -> Expr:

@@ -3,212 +3,186 @@
 ``@program`` (alias ``function``) wraps ``def f(s, ...)``. ``f.run(...)`` (or ``f(...)``)
 runs it once and returns its :class:`~structgen.lang.state.ProgramState`; ``run(stream=True)``
 returns at once and streams; ``run_batch`` runs many argument sets concurrently, each
-item's failure reported on that item; ``arun`` is the async entry point.
+item's failure reported on that item (:mod:`structgen.lang.batch`); ``arun`` is the async
+entry point. Each run is a :class:`~structgen.lang.run.Run`, which owns its lifecycle.
+
+The decorator keeps the function's signature for type checkers (``ParamSpec``): a wrong
+argument name or type in ``f.run(...)`` / ``f(...)`` is a type error. Run options
+(``backend=``, ``stream=``, sampling options such as ``temperature=``) are accepted by
+``run`` at runtime, as in SGLang; type-checked code passes them through
+``f.with_options(...)``, whose keywords are typed (:class:`RunOptions`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import os
-import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, Unpack, overload
 
-from structgen.contract.backend import Backend, SamplingParams
+from structgen.contract.backend import Backend, Cancellation, SamplingParams
 from structgen.contract.registry import resolve
-from structgen.errors import ProgramError, StructgenError
-from structgen.lang.run import Run, current_run
-from structgen.lang.state import ProgramState, _Stream
+from structgen.errors import ProgramError
+from structgen.lang.options import split_options
+from structgen.lang.run import Body, Run, current_run
+from structgen.lang.state import ProgramState
 from structgen.lang.tracer import common_prefix, trace_first_prompt
 
-__all__ = ["Program", "function", "program"]
+__all__ = ["Program", "RunOptions", "function", "program"]
 
-_SAMPLING_NAMES = {f.name for f in fields(SamplingParams)}
-_RUN_ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-#: SGLang options with no meaning here (its executor threads, API speculative decoding).
-_IGNORED = {"use_thread", "num_api_spec_tokens"}
+P = ParamSpec("P")
 
-
-def _split_kwargs(kwargs: dict[str, Any], arg_names: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate run-level sampling defaults from program arguments (a program's own
-    parameter names win: ``def f(s, n)`` takes ``n`` as its argument)."""
-    sampling, args = {}, {}
-    own = set(arg_names)
-    for k, v in kwargs.items():
-        if k in _IGNORED and k not in own:
-            continue
-        key = _RUN_ALIASES.get(k, k)
-        if key in _SAMPLING_NAMES and k not in own:
-            if v is not None:
-                sampling[key] = tuple(v) if isinstance(v, list) else (
-                    (v,) if key in ("stop", "stop_regex") and isinstance(v, str) else v)
-        else:
-            args[k] = v
-    return sampling, args
+#: a program function: ``def f(s, ...)``
+ProgramFunc = Callable[Concatenate[ProgramState, P], Any]
 
 
-class Program:
+class RunOptions(TypedDict, total=False):
+    """Sampling options a run (or ``@program``) takes as defaults for its ``gen`` calls."""
+
+    max_tokens: int
+    max_new_tokens: int
+    min_tokens: int
+    min_new_tokens: int
+    n: int
+    stop: str | Sequence[str]
+    stop_token_ids: Sequence[int]
+    stop_regex: str | Sequence[str]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    frequency_penalty: float
+    presence_penalty: float
+    ignore_eos: bool
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    return_text_in_logprobs: bool
+    seed: int
+    use_thread: bool  # SGLang's; no meaning here
+    num_api_spec_tokens: int  # SGLang's; no meaning here
+
+
+class Program(Generic[P]):
     """A structured LLM program: a Python function over a state ``s``."""
 
-    def __init__(self, func: Callable[..., Any], *, name: str | None = None,
-                 backend: Backend | str | None = None, bound: dict[str, Any] | None = None,
-                 **defaults: Any):
+    def __init__(self, func: ProgramFunc[P], *, name: str | None = None,
+                 backend: Backend | str | None = None, bound: Mapping[str, Any] | None = None,
+                 stream: bool = False, **defaults: Any):
         if not callable(func):
             raise ProgramError(f"@program needs a function, not {func!r}")
         self.func = func
-        self.name = name or getattr(func, "__name__", "program")
+        self.name: str = name or str(getattr(func, "__name__", "program"))
         self.backend = backend
+        self.stream = stream
         self.bound = dict(bound or {})
-        sampling, extra = _split_kwargs(defaults)
+        sampling, extra = split_options(defaults, program=self.name)
         if extra:
             raise ProgramError(f"unknown program options {sorted(extra)}", program=self.name)
         self.defaults = sampling
+        self._params = SamplingParams(**sampling)
         params = list(inspect.signature(func).parameters.values())
         if not params:
             raise ProgramError("a program's first parameter is the state `s`", program=self.name)
-        self.arg_names = [p.name for p in params[1:]]
+        self.arg_names = [p.name for p in params[1:]
+                          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self._var_kw = any(p.kind is p.VAR_KEYWORD for p in params[1:])
         self.__doc__ = func.__doc__
         self.__name__ = self.name
         self.__wrapped__ = func
 
-    def bind(self, **kwargs: Any) -> Program:
+    def bind(self, **kwargs: Any) -> Program[...]:
         """A copy with some arguments fixed."""
-        return Program(self.func, name=self.name, backend=self.backend,
+        return Program(self.func, name=self.name, backend=self.backend, stream=self.stream,
                        bound={**self.bound, **kwargs}, **self.defaults)
 
-    # -- one run -------------------------------------------------------------------------------
-    def _prepare(self, args: tuple, kwargs: dict[str, Any], backend: Backend | str | None,
-                 stream: bool) -> tuple[Run, ProgramState, dict[str, Any]]:
-        sampling, pargs = _split_kwargs(kwargs, self.arg_names)
+    def with_options(self, *, backend: Backend | str | None = None, stream: bool | None = None,
+                     **options: Unpack[RunOptions]) -> Program[P]:
+        """A copy whose runs use ``backend`` / ``stream`` and these sampling defaults
+        (typed: ``f.with_options(temperature=0.2).run(...)``)."""
+        return Program(self.func, name=self.name, backend=backend or self.backend,
+                       stream=self.stream if stream is None else stream, bound=self.bound,
+                       **{**self.defaults, **options})
+
+    # -- one run ---------------------------------------------------------------------------------
+    def _prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, backend: Backend | str | None,
+                 stream: bool = False, cancel: Cancellation | None = None) -> tuple[Run, Body]:
+        """The run for one call and its body; OptionError / ProgramError for bad arguments."""
+        sampling, pargs = split_options(dict(kwargs), self.arg_names, program=self.name)
         if len(args) > len(self.arg_names):
             raise ProgramError(f"takes {len(self.arg_names)} argument(s), got {len(args)}",
                                program=self.name)
-        call_kwargs = {**self.bound, **dict(zip(self.arg_names, args)), **pargs}
+        call_kwargs = {**self.bound, **dict(zip(self.arg_names, args, strict=False)), **pargs}
+        unknown = [k for k in pargs if k not in self.arg_names]
+        if unknown and not self._var_kw:
+            raise ProgramError(f"unknown argument(s) {sorted(unknown)}; the program takes "
+                               f"{self.arg_names} and sampling options", program=self.name)
         outer = current_run.get()
         chosen = backend or self.backend or (outer.backend if outer is not None else None)
-        be = resolve(chosen)
-        defaults = SamplingParams(**{**self.defaults, **sampling})
-        run = Run(be, program=self.name, defaults=defaults, stream=stream)
-        s_stream = _Stream() if stream else None
-        interp = run.new_interpreter(emit=s_stream.emit if s_stream else None)
-        return run, ProgramState(run, interp, stream=s_stream), call_kwargs
+        defaults = SamplingParams(**{**self.defaults, **sampling}) if sampling else self._params
+        run = Run(resolve(chosen), program=self.name, defaults=defaults, stream=stream, cancel=cancel)
+        func: Callable[..., Any] = self.func
+        return run, lambda state: func(state, **call_kwargs)
 
-    def _execute(self, run: Run, state: ProgramState, call_kwargs: dict[str, Any]) -> None:
-        """Run the body, then everything it queued; failures land in the state."""
-        token = current_run.set(run)
-        try:
-            self.func(state, **call_kwargs)
-            run.drive([state._interp])
-        except StructgenError as exc:
-            state._interp.fail(exc)
-        except Exception as exc:
-            err = ProgramError(f"the program body raised {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            state._interp.fail(err)
-        finally:
-            current_run.reset(token)
-
-    def run(self, *args: Any, backend: Backend | str | None = None, stream: bool = False,
-            **kwargs: Any) -> ProgramState:
-        """Run once. Raises the run's :class:`StructgenError` if it failed (except when
-        streaming: then the error is raised by the text iterators and kept in ``error()``)."""
-        run, state, call_kwargs = self._prepare(args, kwargs, backend, stream)
+    def run(self, *args: P.args, **kwargs: P.kwargs) -> ProgramState:
+        """Run once and return the state; raises the run's :class:`StructgenError` if it
+        failed (except when streaming: then the text iterators raise it, and ``error()``
+        returns it). Also takes ``backend=``, ``stream=`` and sampling options."""
+        options: dict[str, Any] = dict(kwargs)
+        backend = options.pop("backend", None)
+        stream = bool(options.pop("stream", self.stream))
+        run, body = self._prepare(args, options, backend=backend, stream=stream)
         if stream:
-            def body() -> None:
-                try:
-                    self._execute(run, state, call_kwargs)
-                finally:
-                    state._stream.close()  # type: ignore[union-attr]
+            run.start(body)
+            return run.state
+        run.execute(body)
+        run.raise_for_error()
+        return run.state
 
-            thread = threading.Thread(target=body, name=f"structgen-{self.name}", daemon=True)
-            state._thread = thread
-            thread.start()
-            return state
-        self._execute(run, state, call_kwargs)
-        if state._interp.error is not None:
-            raise state._interp.error
-        return state
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> ProgramState:
+        """``f(...)`` is ``f.run(...)``."""
+        return self.run(*args, **kwargs)
 
-    __call__ = run
-
-    async def arun(self, *args: Any, backend: Backend | str | None = None, **kwargs: Any) -> ProgramState:
+    async def arun(self, *args: P.args, **kwargs: P.kwargs) -> ProgramState:
         """Async run: the body runs off the event loop; what it leaves queued is driven
-        with the backend's async API."""
-        run, state, call_kwargs = self._prepare(args, kwargs, backend, False)
-
-        def body() -> None:
-            token = current_run.set(run)
-            try:
-                self.func(state, **call_kwargs)
-            finally:
-                current_run.reset(token)
-
-        try:
-            await asyncio.to_thread(body)
-            await run.adrive([state._interp])
-        except StructgenError as exc:
-            state._interp.fail(exc)
-        except Exception as exc:
-            err = ProgramError(f"the program body raised {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            state._interp.fail(err)
-        if state._interp.error is not None:
-            raise state._interp.error
-        return state
+        with the backend's async API. Also takes ``backend=`` and sampling options."""
+        options: dict[str, Any] = dict(kwargs)
+        backend = options.pop("backend", None)
+        run, body = self._prepare(args, options, backend=backend)
+        await run.aexecute(body)
+        run.raise_for_error()
+        return run.state
 
     # -- many runs --------------------------------------------------------------------------------
-    def run_batch(self, batch_kwargs: Iterable[dict[str, Any]], *, backend: Backend | str | None = None,
+    @overload
+    def run_batch(self, batch_kwargs: Iterable[Mapping[str, Any]], *, backend: Backend | str | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  generator_style: Literal[False] = False, **kwargs: Any) -> list[ProgramState]: ...
+
+    @overload
+    def run_batch(self, batch_kwargs: Iterable[Mapping[str, Any]], *, backend: Backend | str | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  generator_style: Literal[True], **kwargs: Any) -> Iterator[ProgramState]: ...
+
+    def run_batch(self, batch_kwargs: Iterable[Mapping[str, Any]], *, backend: Backend | str | None = None,
                   num_threads: int | str = "auto", progress_bar: bool = False,
                   generator_style: bool = False, **kwargs: Any) -> list[ProgramState] | Iterator[ProgramState]:
-        """Run once per argument dict, concurrently. Never raises for one item: each
-        returned state's ``error()`` says whether that item failed. With
-        ``generator_style=True`` returns an iterator yielding states in input order."""
-        items = list(batch_kwargs)
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise ProgramError(f"run_batch item {i} is a {type(item).__name__}, not a dict",
-                                   program=self.name)
-        be = resolve(backend or self.backend)
-        if num_threads == "auto":
-            workers = max(1, min(len(items), max(64, (os.cpu_count() or 1) * 16)))
-        else:
-            workers = max(1, int(num_threads))
+        """Run once per argument dict, concurrently; states in input order.
 
-        def one(item: dict[str, Any]) -> ProgramState:
-            try:
-                run, state, call_kwargs = self._prepare((), {**kwargs, **item}, be, False)
-            except StructgenError as exc:
-                run = Run(be, program=self.name, defaults=SamplingParams())
-                state = ProgramState(run, run.new_interpreter())
-                state._interp.fail(exc)
-                return state
-            self._execute(run, state, call_kwargs)
-            return state
+        Never raises for one item: each state's ``error()`` says whether that item failed
+        (a bad option in one item fails that item alone). ``progress_bar=True`` shows a
+        progress bar (rich) on stderr. ``generator_style=True`` returns an iterator.
+        Ctrl-C (or a KeyboardInterrupt / SystemExit in an item) cancels the batch's
+        outstanding requests and raises :class:`~structgen.errors.BatchInterrupted` with
+        every item's state: finished ones with their results.
+        """
+        from structgen.lang.batch import Batch
 
-        if len(items) > 1 and be.capabilities.prefix_cache:
-            self._warm_shared_prefix(items, kwargs, be)
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"structgen-{self.name}")
-        futures = [pool.submit(one, item) for item in items]
-        pool.shutdown(wait=False)
+        batch = Batch(self, batch_kwargs, backend=backend or self.backend, num_threads=num_threads,
+                      progress_bar=progress_bar, kwargs=kwargs)
+        states = batch.states()
+        return states if generator_style else list(states)
 
-        def gen() -> Iterator[ProgramState]:
-            done = 0
-            for fut in futures:
-                state = fut.result()
-                done += 1
-                if progress_bar:
-                    print(f"\r{self.name}: {done}/{len(futures)}", end="", file=sys.stderr, flush=True)
-                yield state
-            if progress_bar:
-                print(file=sys.stderr)
-
-        return gen() if generator_style else list(gen())
-
-    def shared_prefix(self, batch_kwargs: Iterable[dict[str, Any]], *,
+    def shared_prefix(self, batch_kwargs: Iterable[Mapping[str, Any]], *,
                       backend: Backend | str | None = None, **kwargs: Any) -> str:
         """The text every item of a batch sends first (found by tracing, nothing sent),
         cut after its last newline so the tokenization of the cut is stable."""
@@ -223,25 +197,26 @@ class Program:
         cut = prefix.rfind("\n")
         return prefix[:cut + 1] if cut >= 0 else ""
 
-    def _warm_shared_prefix(self, items: list[dict[str, Any]], kwargs: dict[str, Any], be: Backend) -> None:
-        prefix = self.shared_prefix(items, backend=be, **kwargs)
-        if prefix:
-            try:
-                be.warm(prefix)
-            except StructgenError:
-                pass  # warming is an optimisation: the items run (and report) regardless
-
     def __repr__(self) -> str:
         return f"<structgen program {self.name}({', '.join(self.arg_names)})>"
 
 
-def program(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+@overload
+def program(func: ProgramFunc[P], /) -> Program[P]: ...
+
+
+@overload
+def program(*, name: str | None = None, backend: Backend | str | None = None,
+            **options: Unpack[RunOptions]) -> Callable[[ProgramFunc[P]], Program[P]]: ...
+
+
+def program(func: Any = None, /, **options: Any) -> Any:
     """Decorate ``def f(s, ...)`` as a program; usable bare or with options
     (``@program(max_tokens=64, backend=...)``)."""
     if func is not None:
         return Program(func, **options)
 
-    def decorate(f: Callable[..., Any]) -> Program:
+    def decorate(f: ProgramFunc[P]) -> Program[P]:
         return Program(f, **options)
 
     return decorate

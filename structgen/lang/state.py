@@ -1,69 +1,37 @@
-"""What a program sees as ``s``: :class:`ProgramState`, :class:`ForkGroup` and streaming.
+"""What a program sees as ``s``: :class:`ProgramState` and :class:`ForkGroup`.
 
-Appending (``s += ...``) only queues nodes; generation runs when a value is needed
-(``s["x"]``, ``s.text()``, a fork, a join) or when the program returns. Deferring lets
-a fork's children be sent to the backend as one batch.
+Appending (``s += ...``) only queues nodes in the state's interpreter; generation runs
+when a value is needed (``s["x"]``, ``s.text()``, a fork, a join) or when the program
+returns. Deferring lets a fork's children be sent to the backend as one batch. A state
+reads its interpreter and asks its :class:`~structgen.lang.run.Run` to drive it; it owns
+nothing of the run's lifecycle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
 
 from structgen.errors import ProgramError, StructgenError
 from structgen.lang.interpreter import Interpreter
 from structgen.lang.ir import Expr, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, as_node
-from structgen.lang.run import Run
+
+if TYPE_CHECKING:
+    from structgen.lang.run import Run
 
 __all__ = ["ForkGroup", "ProgramState"]
-
-
-class _Stream:
-    """Text events of a streaming run, readable while the program runs."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str | None]] = []
-        self.cond = threading.Condition()
-        self.done = False
-
-    def emit(self, delta: str, var: str | None) -> None:
-        with self.cond:
-            self.events.append((delta, var))
-            self.cond.notify_all()
-
-    def close(self) -> None:
-        with self.cond:
-            self.done = True
-            self.cond.notify_all()
-
-    def iter(self, var: str | None) -> Iterator[str]:
-        i = 0
-        while True:
-            with self.cond:
-                while i >= len(self.events) and not self.done:
-                    self.cond.wait()
-                if i >= len(self.events):
-                    return
-                batch = self.events[i:]
-                i = len(self.events)
-            for delta, v in batch:
-                if var is None or v == var:
-                    yield delta
 
 
 class ProgramState:
     """The state of one running program (or one fork of it)."""
 
-    def __init__(self, run: Run, interp: Interpreter, *, peers: Sequence[Interpreter] | None = None,
-                 stream: _Stream | None = None):
+    def __init__(self, run: Run, interp: Interpreter, *, peers: Sequence[Interpreter] | None = None):
         self._run = run
         self._interp = interp
         self._peers = peers  # a fork group's interpreters, driven together
-        self._stream = stream
-        self._thread: threading.Thread | None = None  # a streaming run's program thread
 
     # -- appending ---------------------------------------------------------------------------
     def __iadd__(self, other: Any) -> ProgramState:
@@ -76,17 +44,20 @@ class ProgramState:
     # -- synchronisation -----------------------------------------------------------------------
     def sync(self) -> ProgramState:
         """Run everything appended so far."""
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()  # a streaming run: wait for its program thread
-            return self
-        self._run.drive(self._peers or [self._interp])
+        self._run.sync(self._peers or [self._interp])
         return self
 
     def error(self) -> StructgenError | None:
         """The error this run failed with, or ``None``."""
         self.sync()
         return self._interp.error
+
+    @property
+    def finished(self) -> bool:
+        """Whether everything appended so far has run without an error (does not wait)."""
+        if self._interp is self._run.root:
+            return self._run.finished
+        return self._interp.idle and self._interp.error is None
 
     def _raise_if_failed(self) -> None:
         if self._interp.error is not None:
@@ -103,8 +74,7 @@ class ProgramState:
 
     def __setitem__(self, name: str, value: Any) -> None:
         self.sync()
-        self._interp.variables[name] = value
-        self._interp.values[name] = value
+        self._interp.set_variable(name, value)
 
     def __contains__(self, name: str) -> bool:
         self.sync()
@@ -123,8 +93,7 @@ class ProgramState:
         self.sync()
         if name in self._interp.values:
             return self._interp.values[name]
-        self[name]  # raises the right error
-        return self._interp.variables[name]
+        return self[name]  # the text, or the right error
 
     def values(self) -> dict[str, Any]:
         """Every variable's typed value (see :meth:`value`)."""
@@ -169,9 +138,9 @@ class ProgramState:
         return [dict(m) for m in self._interp.messages]
 
     # -- roles and scopes -------------------------------------------------------------------------
-    def _role(self, role: str, expr: Any) -> Any:
+    def _role(self, role: str, expr: Any) -> AbstractContextManager[None] | None:
         if expr is not None:
-            self += [RoleBegin(role), as_node(expr), RoleEnd(role)]
+            self._interp.submit(as_node([RoleBegin(role), as_node(expr), RoleEnd(role)]))
             return None
 
         @contextmanager
@@ -200,16 +169,16 @@ class ProgramState:
 
     # -- forks -----------------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> ForkGroup:
-        if not isinstance(size, int) or size < 1:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ProgramError(f"fork size must be a positive int, not {size!r}", program=self._run.program)
         self.sync()
         self._raise_if_failed()
         backend = self._run.backend
         if size > 1 and backend.capabilities.prefix_cache and self._interp.text:
-            try:  # the parent's text is computed once; the children then share its KV
+            # the parent's text is computed once; the children then share its KV (an
+            # optimisation only: the children still run, and report, on their own)
+            with contextlib.suppress(Exception):
                 backend.warm(self._interp.text)
-            except StructgenError:
-                pass  # an optimisation only: the children still run (and report) on their own
         group = self._run.fork_group_id()
         # children do not stream into the parent's stream
         children = [self._interp.fork(f"{group}/{i}") for i in range(size)]
@@ -218,15 +187,19 @@ class ProgramState:
 
     # -- streaming --------------------------------------------------------------------------------
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Yield text as it is produced (a variable's only, if ``var_name`` is given)."""
-        if self._stream is None:
+        """Yield text as it is produced (a variable's only, if ``var_name`` is given).
+
+        A ``gen`` with ``retries`` is held back until an attempt validates: the streamed
+        text never includes a rejected attempt (it equals ``s.text()`` / ``s[var_name]``).
+        """
+        stream = self._run.stream
+        if stream is None or self._interp is not self._run.root:
             self.sync()
             self._raise_if_failed()
             yield self._interp.variables.get(var_name, "") if var_name else self._interp.text
             return
-        yield from self._stream.iter(var_name)
-        if self._thread is not None:
-            self._thread.join()
+        yield from stream.iter(var_name)
+        self.sync()
         self._raise_if_failed()
 
     async def text_async_iter(self, var_name: str | None = None,
@@ -264,6 +237,12 @@ class ForkGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self._states[i]
 
+    def __setitem__(self, i: int, state: ProgramState) -> None:
+        """``forks[i] += ...`` (SGLang's idiom) assigns the same state back: allowed."""
+        if state is not self._states[i]:
+            raise ProgramError("a fork's state cannot be replaced; append to it with forks[i] += ...",
+                               program=self._parent._run.program)
+
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self._states)
 
@@ -271,18 +250,19 @@ class ForkGroup:
         if isinstance(other, (list, tuple)):
             if len(other) != len(self._states):
                 raise ProgramError(f"{len(other)} items appended to {len(self._states)} forks")
-            for s, o in zip(self._states, other):
+            for s, o in zip(self._states, other, strict=True):
                 s += o
         elif callable(other) and not isinstance(other, Expr):
+            make: Callable[[int], Any] = other
             for i, s in enumerate(self._states):
-                s += other(i)
+                s += make(i)
         else:
             for s in self._states:
                 s += other
         return self
 
     def sync(self) -> ForkGroup:
-        self._parent._run.drive([s._interp for s in self._states])
+        self._parent._run.sync([s._interp for s in self._states])
         return self
 
     def join(self, mode: str = "gather_variable") -> None:
@@ -290,26 +270,9 @@ class ForkGroup:
 
         ``gather_variable`` (default): each variable the children defined becomes, in the
         parent, the list of the children's values. ``concate_and_append``: the text each
-        child added is appended to the parent, in order (parallel encoding).
+        child added is appended to the parent, in order (parallel encoding). A failed
+        child fails the parent with its error.
         """
         self.sync()
-        parent = self._parent._interp
-        for s in self._states:
-            if s._interp.error is not None:
-                parent.fail(s._interp.error)
-                raise s._interp.error
-        if mode == "gather_variable":
-            names: list[str] = []
-            for s in self._states:
-                for name in s._interp.variables:
-                    if name not in self._base_vars and name not in names:
-                        names.append(name)
-            for name in names:
-                parent.variables[name] = [s._interp.variables.get(name) for s in self._states]
-                parent.values[name] = [s._interp.values.get(name) for s in self._states]
-                parent.meta[name] = {"forks": [s._interp.meta.get(name) for s in self._states]}
-        elif mode == "concate_and_append":
-            self._parent += "".join(s._interp.text[self._base_len:] for s in self._states)
-        else:
-            raise ProgramError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
-
+        self._parent._interp.join([s._interp for s in self._states], mode,
+                                  base_vars=self._base_vars, base_len=self._base_len)

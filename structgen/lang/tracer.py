@@ -11,14 +11,13 @@ first point where the body needs a generated value ends the trace. Nothing is se
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from structgen.contract.backend import Backend, SamplingParams
 from structgen.errors import StructgenError
+from structgen.lang.options import split_options
 from structgen.lang.run import Run, current_run
-from structgen.lang.state import ProgramState
 
 if TYPE_CHECKING:
     from structgen.lang.program import Program
@@ -38,28 +37,32 @@ class _TraceRun(Run):
         raise _StopTrace
 
 
-def trace_first_prompt(program: Program, kwargs: dict[str, Any], backend: Backend) -> str | None:
+def trace_first_prompt(program: Program[Any], kwargs: Mapping[str, Any], backend: Backend) -> str | None:
     """The prompt of the first request ``program`` would send for ``kwargs``, or None."""
-    from structgen.lang.program import _split_kwargs
-
-    sampling, pargs = _split_kwargs(kwargs, program.arg_names)
-    call_kwargs = {**program.bound, **pargs}
+    try:
+        sampling, pargs = split_options(dict(kwargs), program.arg_names)
+    except StructgenError:
+        return None
     run = _TraceRun(backend, program=program.name, defaults=SamplingParams(**{**program.defaults, **sampling}))
-    interp = run.new_interpreter()
-    state = ProgramState(run, interp)
     token = current_run.set(run)
     try:
-        program.func(state, **call_kwargs)
+        program.func(run.state, **{**program.bound, **pargs})
     except _StopTrace:
         pass
-    except (StructgenError, Exception):
+    except Exception:
         return None
     finally:
         current_run.reset(token)
-    request = interp.step()
+    request = run.root.step()
     return None if request is None else request.prompt
 
 
 def common_prefix(prompts: Sequence[str]) -> str:
     """The longest common prefix of ``prompts`` ("" for none)."""
-    return os.path.commonprefix(list(prompts)) if prompts else ""
+    if not prompts:
+        return ""
+    lo, hi = min(prompts), max(prompts)  # the common prefix of all is that of the extremes
+    n = 0
+    while n < len(lo) and lo[n] == hi[n]:
+        n += 1
+    return lo[:n]

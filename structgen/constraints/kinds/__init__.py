@@ -7,7 +7,7 @@ backend that can serve it -- see backends/README.md, "Adding a constraint kind".
 """
 
 from structgen.constraints.kinds.choice import ChoiceSpec
-from structgen.constraints.kinds.grammar import GrammarSpec
+from structgen.constraints.kinds.grammar import GrammarSpec, grammar_spec
 from structgen.constraints.kinds.json_schema import JsonSchemaSpec, close_schema, json_schema_spec
 from structgen.constraints.kinds.regex import (
     REGEX_BOOL,
@@ -30,6 +30,7 @@ __all__ = [
     "RegexSpec",
     "close_schema",
     "dtype_spec",
+    "grammar_spec",
     "json_schema_spec",
     "regex_spec",
 ]

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from structgen.constraints.kind import ConstraintKind, ConstraintSpec, output_failed, register_kind
+from structgen.errors import ConstraintError
 
-__all__ = ["GrammarSpec"]
+__all__ = ["GrammarSpec", "grammar_spec"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,22 @@ class GrammarSpec(ConstraintSpec):
 
     def describe(self) -> str:
         return f"grammar {self.grammar[:80]!r}"
+
+
+def grammar_spec(grammar: str) -> GrammarSpec:
+    """Build a :class:`GrammarSpec` from a Lark grammar (llguidance's dialect), checked at
+    once: a malformed grammar raises :class:`ConstraintError` before anything runs."""
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise ConstraintError(f"grammar must be a non-empty Lark grammar string, not {grammar!r}")
+    import llguidance  # a base dependency, imported only when a grammar is built
+
+    try:
+        problem = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
+    except Exception as exc:
+        raise ConstraintError(f"malformed grammar: {exc}", constraint=grammar) from exc
+    if problem:
+        raise ConstraintError(f"malformed grammar: {problem.strip()}", constraint=grammar)
+    return GrammarSpec(grammar)
 
 
 def validate_grammar(spec: GrammarSpec, text: str, truncated: bool) -> str:

@@ -1,0 +1,105 @@
+"""The ``generate`` request kind: ``gen(...)`` -> :class:`GenerateRequest` -> text in the state.
+
+The result is validated against the gen's constraint and converted to its typed value
+(a pydantic instance, parsed JSON, ``int``/``float``/``bool`` for ``dtype=``). An output
+that fails validation is re-sampled ``retries`` times (warmer, reseeded) before the
+:class:`~structgen.errors.OutputValidationError` stands; an exception raised while
+checking the output is such an error too (with the raw text), never the program's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from structgen.contract.backend import Backend, GenerateRequest, GenerateResult, TextCallback
+from structgen.errors import BackendError, OutputValidationError, StructgenError, map_error
+from structgen.lang.ir import Gen
+from structgen.lang.kinds import RequestKind, register
+
+if TYPE_CHECKING:
+    from structgen.lang.interpreter import Interpreter, Pending
+
+__all__ = ["GENERATE", "typed_value"]
+
+
+def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest:
+    return GenerateRequest(prompt=interp.text, params=node.sampling(interp.defaults),
+                           constraint=node.constraint, messages=interp.request_messages(),
+                           program=interp.program, variable=name, group=interp.group,
+                           cancel=interp.cancel)
+
+
+def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> None:
+    node: Gen = pending.node
+    text = result.text
+    if not isinstance(text, str):
+        raise BackendError(f"the backend returned {type(text).__name__} content where text was "
+                           f"expected: {str(text)[:200]!r}")
+    truncated = result.finish_reason == "length"
+    try:
+        value = typed_value(node, text, truncated=truncated)
+    except Exception as exc:
+        err = map_error(exc, "output", raw=text, truncated=truncated)
+        if isinstance(err, OutputValidationError) and pending.attempt < node.retries:
+            _retry(interp, pending)
+            return
+        if err is exc:
+            raise
+        raise err from exc
+    meta = dict(result.meta)
+    meta.setdefault("finish_reason", result.finish_reason)
+    if pending.attempt:
+        meta["attempts"] = pending.attempt + 1
+    interp.record(pending.name, text, value, meta, streamed=pending.streamed)
+
+
+def _retry(interp: Interpreter, pending: Pending) -> None:
+    """Re-sample after a failed validation (greedy would repeat itself)."""
+    req: GenerateRequest = pending.request
+    attempt = pending.attempt + 1
+    params = replace(req.params, temperature=max(req.params.temperature, 0.7),
+                     seed=(req.params.seed or 0) + attempt)
+    interp.resend(replace(pending, request=replace(req, params=params), attempt=attempt, streamed=0))
+
+
+def typed_value(node: Gen, text: str, *, truncated: bool) -> Any:
+    """Validate constrained output and convert it to its typed value."""
+    if node.constraint is None:
+        return text
+    from structgen.constraints.validation import validate_output
+
+    value = validate_output(node.constraint, text, truncated=truncated)
+    if node.dtype is not None:
+        return _convert_dtype(node.dtype, text)
+    return value
+
+
+def _convert_dtype(dtype: Any, text: str) -> Any:
+    raw = text.strip()
+    if dtype in (int, "int"):
+        return int(raw)
+    if dtype in (float, "float"):
+        return float(raw)
+    if dtype in (bool, "bool"):
+        return raw == "True"
+    if dtype in (str, "str"):
+        return raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
+    return json.loads(raw)
+
+
+def _send(backend: Backend, requests: Sequence[GenerateRequest],
+          on_text: TextCallback | None) -> list[GenerateResult | StructgenError]:
+    return backend.generate(requests, on_text=on_text)
+
+
+async def _asend(backend: Backend, requests: Sequence[GenerateRequest],
+                 on_text: TextCallback | None) -> list[GenerateResult | StructgenError]:
+    return await backend.agenerate(requests, on_text=on_text)
+
+
+GENERATE = register(RequestKind(
+    name="generate", node=Gen, request=GenerateRequest, start=_start, finish=_finish,
+    check=Backend.check_generate, send=_send, asend=_asend, streams=True))
