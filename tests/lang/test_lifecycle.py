@@ -233,3 +233,16 @@ def test_json_text_is_stored_verbatim():
     out = json.dumps({"name": "Z", "age": 2})
     st = sg.program(lambda s: s.__iadd__(sg.gen("p", json_schema=Person))).run(backend=FakeBackend([out]))
     assert st["p"] == out
+
+
+def test_run_batch_progress_bar_counts_items_and_failures(capsys):
+    fb = FakeBackend(responder=lambda r: "x")
+
+    @sg.program
+    def tagger(s, t):
+        s += t + sg.gen("o")
+
+    states = tagger.run_batch([{"t": "a"}, {"t": "b"}, {"t": "c"}, {"nope": 1}], backend=fb, progress_bar=True)
+    assert [st.error() is None for st in states] == [True, True, True, False]
+    err = capsys.readouterr().err
+    assert "tagger" in err and "4/4" in err and "1 failed" in err
