@@ -134,7 +134,7 @@ def test_backend_identity_and_capabilities(backend, tokenizer):
     caps = backend.capabilities
     assert backend.name == "embedded"
     assert caps.regex and caps.json_schema and caps.choices and caps.grammar
-    assert caps.select == "logprobs" and caps.logprobs and caps.prefix_cache and caps.streaming
+    assert caps.select == "logprobs" and "return_logprob" in caps.sampling and caps.prefix_cache and caps.streaming
     msgs = [{"role": "user", "content": "hi"}]
     assert backend.chat_template().render(msgs) == tokenizer.apply_chat_template(msgs, tokenize=False)
 
