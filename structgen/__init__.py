@@ -4,13 +4,27 @@ Write a program as a Python function over a state ``s``; append prompt text with
 ``s += ...``; generate with ``gen(...)`` under a regex, a JSON schema, a pydantic model,
 ``choices`` or ``dtype``; ``select`` by log-probabilities; use the tokenizer's own chat
 template through ``system``/``user``/``assistant``; ``fork`` and ``join``; ``run``,
-``run_batch`` and stream. SGLang frontend programs run with ``import structgen as sgl``.
+``run_batch`` and stream. SGLang frontend scripts run with ``import structgen as sgl``,
+setup lines included (``sgl.set_default_backend(sgl.RuntimeEndpoint(url))``, ``sgl.OpenAI(...)``:
+:mod:`structgen.compat.sglang`). Tool calling: ``gen(tools=...)``, :mod:`structgen.tools`.
 ``structgen.extract(...)`` (and the ``structgen extract`` command) is batch JSON extraction.
 
 Importing structgen imports no torch, transformers or engine: backends load lazily.
 """
 
 from structgen import extract
+from structgen.compat.sglang import (
+    Anthropic,
+    Engine,
+    LiteLLM,
+    OpenAI,
+    Runtime,
+    RuntimeEndpoint,
+    VertexAI,
+    flush_cache,
+    get_server_args,
+    get_server_info,
+)
 from structgen.constraints.spec import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from structgen.contract.backend import Backend, Capabilities, SamplingParams
 from structgen.contract.registry import (
@@ -70,6 +84,7 @@ __all__ = [
     "REGEX_INT",
     "REGEX_STR",
     "Agent",
+    "Anthropic",
     "Backend",
     "BackendError",
     "BatchInterrupted",
@@ -77,8 +92,11 @@ __all__ = [
     "CapabilityError",
     "ConstraintError",
     "DeadlineExceededError",
+    "Engine",
     "ForkGroup",
     "InputError",
+    "LiteLLM",
+    "OpenAI",
     "OptionError",
     "OutputValidationError",
     "Program",
@@ -87,23 +105,29 @@ __all__ = [
     "RequestCancelled",
     "ResponseTooLargeError",
     "RunOptions",
+    "Runtime",
+    "RuntimeEndpoint",
     "SamplingParams",
     "StructgenError",
     "Tool",
     "ToolCall",
     "ToolResult",
     "ToolTurn",
+    "VertexAI",
     "assistant",
     "assistant_begin",
     "assistant_end",
     "available_backends",
     "extract",
+    "flush_cache",
     "function",
     "gen",
     "gen_int",
     "gen_string",
     "get_backend",
     "get_default_backend",
+    "get_server_args",
+    "get_server_info",
     "greedy_token_selection",
     "image",
     "program",
