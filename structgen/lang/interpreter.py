@@ -180,11 +180,9 @@ class Interpreter:
             raise ProgramError("result delivered with no request pending", program=self.program)
         self._pending = None
         if isinstance(result, BaseException):
-            # an output problem the backend found (e.g. its own check of a server's text):
-            # re-sampled under retries= like one found here
-            if (isinstance(result, OutputValidationError) and isinstance(pending.node, Gen)
-                    and pending.attempt < pending.node.retries):
-                self._retry(pending)
+            # the kind may recover (an output problem the backend found is re-sampled under
+            # retries=, like one found here)
+            if pending.kind.on_error is not None and pending.kind.on_error(self, pending, result):
                 return
             self.fail(result, variable=pending.name)
             return

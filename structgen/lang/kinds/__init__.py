@@ -36,7 +36,8 @@ class RequestKind:
     :class:`StructgenError`, or calls ``interp.resend`` to retry); ``check(backend, req)``
     raises :class:`~structgen.errors.CapabilityError` before sending what the backend
     cannot honour; ``send`` / ``asend`` serve a batch. ``streams``: results arrive as text
-    deltas through ``on_text`` (generation), not whole.
+    deltas through ``on_text`` (generation), not whole. ``on_error(interp, pending, error)``,
+    if given, may recover from an error the backend returned (retry): True when it did.
     """
 
     name: str
@@ -48,6 +49,7 @@ class RequestKind:
     send: Callable[[Backend, Sequence[Any], TextCallback | None], Results]
     asend: Callable[[Backend, Sequence[Any], TextCallback | None], Awaitable[Results]]
     streams: bool = False
+    on_error: Callable[[Interpreter, Pending, BaseException], bool] | None = None
 
     def __repr__(self) -> str:
         return f"<RequestKind {self.name}>"

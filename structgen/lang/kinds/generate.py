@@ -56,6 +56,15 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
     interp.record(pending.name, text, value, meta, streamed=pending.streamed)
 
 
+def _on_error(interp: Interpreter, pending: Pending, error: BaseException) -> bool:
+    """An output problem the backend found (e.g. its own check of a server's text) is
+    re-sampled under ``retries=`` like one found here."""
+    if isinstance(error, OutputValidationError) and pending.attempt < pending.node.retries:
+        _retry(interp, pending)
+        return True
+    return False
+
+
 def _retry(interp: Interpreter, pending: Pending) -> None:
     """Re-sample after a failed validation (greedy would repeat itself)."""
     req: GenerateRequest = pending.request
@@ -102,4 +111,4 @@ async def _asend(backend: Backend, requests: Sequence[GenerateRequest],
 
 GENERATE = register(RequestKind(
     name="generate", node=Gen, request=GenerateRequest, start=_start, finish=_finish,
-    check=Backend.check_generate, send=_send, asend=_asend, streams=True))
+    check=Backend.check_generate, send=_send, asend=_asend, streams=True, on_error=_on_error))
