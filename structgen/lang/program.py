@@ -116,8 +116,10 @@ class Program(Generic[P]):
         if unknown and not self._var_kw:
             raise ProgramError(f"unknown argument(s) {sorted(unknown)}; the program takes "
                                f"{self.arg_names} and sampling options", program=self.name)
-        outer = current_run.get()
+        outer = current_run.get()  # a program called inside another's body: its backend, its cancel flag
         chosen = backend or self.backend or (outer.backend if outer is not None else None)
+        if cancel is None and outer is not None:
+            cancel = outer.cancel
         defaults = SamplingParams(**{**self.defaults, **sampling}) if sampling else self._params
         run = Run(resolve(chosen), program=self.name, defaults=defaults, stream=stream, cancel=cancel)
         func: Callable[..., Any] = self.func

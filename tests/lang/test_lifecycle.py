@@ -246,3 +246,18 @@ def test_run_batch_progress_bar_counts_items_and_failures(capsys):
     assert [st.error() is None for st in states] == [True, True, True, False]
     err = capsys.readouterr().err
     assert "tagger" in err and "4/4" in err and "1 failed" in err
+
+
+def test_a_nested_program_shares_the_outer_runs_cancellation():
+    fb = FakeBackend(["inner", "outer"])
+
+    @sg.program
+    def inner(s):
+        s += sg.gen("i")
+
+    @sg.program
+    def outer(s):
+        s += inner()["i"] + sg.gen("o")
+
+    outer.run(backend=fb)
+    assert fb.requests[0].cancel is fb.requests[1].cancel is not None
