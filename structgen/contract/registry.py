@@ -1,8 +1,8 @@
 """Finding backends: entry points, names, and the one default.
 
 Backends register in the ``structgen.backends`` entry-point group, so a third-party
-package adds one without touching structgen. The default backend is the only global
-mutable state; it is created lazily (the embedded model) on first use.
+package adds one without touching structgen. The default backend (the one a run that
+names none uses) is created lazily on first use: the embedded model.
 """
 
 from __future__ import annotations

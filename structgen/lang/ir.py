@@ -64,7 +64,7 @@ class Text(Expr):
 class Gen(Expr):
     """Generate text into variable ``name`` under an optional constraint.
 
-    ``params`` holds only what the user set explicitly (``set_params``); run-level
+    ``params`` holds only what the user set explicitly (validated by ``gen``); run-level
     defaults fill in the rest. ``dtype`` converts the typed value (int/float/bool/str).
     """
 
