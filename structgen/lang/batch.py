@@ -68,7 +68,7 @@ class Batch:
 
     # -- one item (worker thread) ---------------------------------------------------------------
     def _failed(self, error: StructgenError) -> ProgramState:
-        run = Run(self.backend, program=self.program.name, defaults=self.program._params,
+        run = Run(self.backend, program=self.program.name, defaults=self.program.sampling_params,
                   cancel=self.cancel)
         run.root.fail(error)
         return run.state
@@ -77,7 +77,7 @@ class Batch:
         if self.cancel.cancelled:
             return self._failed(self.cancel.error(program=self.program.name))
         try:
-            run, body = self.program._prepare((), {**self.kwargs, **item}, backend=self.backend,
+            run, body = self.program.new_run((), {**self.kwargs, **item}, backend=self.backend,
                                               cancel=self.cancel)
         except StructgenError as exc:  # a bad option or argument fails this item alone
             return self._failed(exc)

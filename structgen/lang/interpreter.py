@@ -23,7 +23,7 @@ from structgen.errors import ProgramError, StructgenError, map_error
 from structgen.lang.ir import Expr, RoleBegin, RoleEnd, Text, VarScopeBegin, VarScopeEnd, flatten
 from structgen.lang.kinds import RequestKind, kind_for_node
 
-__all__ = ["Emit", "Interpreter", "Pending"]
+__all__ = ["Emit", "Interpreter", "Pending", "register_prompt_node"]
 
 #: ``emit(delta, variable)``: text appended to the state (variable None for prompt text).
 Emit = Callable[[str, str | None], None]
@@ -214,6 +214,10 @@ class Interpreter:
         self._pending = None
 
     # -- prompt-side nodes ----------------------------------------------------------------------
+    def append(self, text: str) -> None:
+        """Append prompt text (emitted to a streaming run's readers)."""
+        self._append(text)
+
     def _append(self, text: str) -> None:
         if text:
             self.text += text
@@ -267,6 +271,7 @@ class Interpreter:
         return name
 
 
+#: IR nodes handled without a request: ``handler(interp, node)`` edits the interpreter's state
 _PROMPT_NODES: dict[type[Any], Callable[[Interpreter, Any], None]] = {
     Text: lambda it, node: it._append(node.value),
     RoleBegin: Interpreter._role_begin,
@@ -274,3 +279,11 @@ _PROMPT_NODES: dict[type[Any], Callable[[Interpreter, Any], None]] = {
     VarScopeBegin: Interpreter._scope_begin,
     VarScopeEnd: Interpreter._scope_end,
 }
+
+
+def register_prompt_node(node_type: type[Any], handler: Callable[[Interpreter, Any], None]) -> None:
+    """Handle IR nodes of ``node_type`` that need no backend (a tool list shown to the model,
+    tool results as a turn...): ``handler(interp, node)`` runs when the node is reached."""
+    if node_type in _PROMPT_NODES or kind_for_node(node_type) is not None:
+        raise ValueError(f"{node_type.__name__} already has a handler")
+    _PROMPT_NODES[node_type] = handler

@@ -79,7 +79,8 @@ class Program(Generic[P]):
         if extra:
             raise ProgramError(f"unknown program options {sorted(extra)}", program=self.name)
         self.defaults = sampling
-        self._params = SamplingParams(**sampling)
+        #: the sampling defaults of a run that sets none of its own
+        self.sampling_params = SamplingParams(**sampling)
         params = list(inspect.signature(func).parameters.values())
         if not params:
             raise ProgramError("a program's first parameter is the state `s`", program=self.name)
@@ -104,9 +105,10 @@ class Program(Generic[P]):
                        **{**self.defaults, **options})
 
     # -- one run ---------------------------------------------------------------------------------
-    def _prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, backend: Backend | str | None,
-                 stream: bool = False, cancel: Cancellation | None = None) -> tuple[Run, Body]:
-        """The run for one call and its body; OptionError / ProgramError for bad arguments."""
+    def new_run(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, backend: Backend | str | None,
+                stream: bool = False, cancel: Cancellation | None = None) -> tuple[Run, Body]:
+        """The run for one call (``run``, ``arun``, each ``run_batch`` item) and its body;
+        OptionError / ProgramError for bad arguments. Nothing runs yet."""
         sampling, pargs = split_options(dict(kwargs), self.arg_names, program=self.name)
         if len(args) > len(self.arg_names):
             raise ProgramError(f"takes {len(self.arg_names)} argument(s), got {len(args)}",
@@ -120,7 +122,7 @@ class Program(Generic[P]):
         chosen = backend or self.backend or (outer.backend if outer is not None else None)
         if cancel is None and outer is not None:
             cancel = outer.cancel
-        defaults = SamplingParams(**{**self.defaults, **sampling}) if sampling else self._params
+        defaults = SamplingParams(**{**self.defaults, **sampling}) if sampling else self.sampling_params
         run = Run(resolve(chosen), program=self.name, defaults=defaults, stream=stream, cancel=cancel)
         func: Callable[..., Any] = self.func
         return run, lambda state: func(state, **call_kwargs)
@@ -132,7 +134,7 @@ class Program(Generic[P]):
         options: dict[str, Any] = dict(kwargs)
         backend = options.pop("backend", None)
         stream = bool(options.pop("stream", self.stream))
-        run, body = self._prepare(args, options, backend=backend, stream=stream)
+        run, body = self.new_run(args, options, backend=backend, stream=stream)
         if stream:
             run.start(body)
             return run.state
@@ -149,7 +151,7 @@ class Program(Generic[P]):
         with the backend's async API. Also takes ``backend=`` and sampling options."""
         options: dict[str, Any] = dict(kwargs)
         backend = options.pop("backend", None)
-        run, body = self._prepare(args, options, backend=backend)
+        run, body = self.new_run(args, options, backend=backend)
         await run.aexecute(body)
         run.raise_for_error()
         return run.state

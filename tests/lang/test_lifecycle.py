@@ -261,3 +261,20 @@ def test_a_nested_program_shares_the_outer_runs_cancellation():
 
     outer.run(backend=fb)
     assert fb.requests[0].cancel is fb.requests[1].cancel is not None
+
+
+def test_a_prompt_side_node_registers_its_handler():
+    from dataclasses import dataclass
+
+    from structgen.lang.interpreter import register_prompt_node
+    from structgen.lang.ir import Expr
+
+    @dataclass(frozen=True)
+    class Shout(Expr):
+        text: str
+
+    register_prompt_node(Shout, lambda interp, node: interp.append(node.text.upper()))
+    with pytest.raises(ValueError, match="already has a handler"):
+        register_prompt_node(Shout, lambda interp, node: None)
+    st = sg.program(lambda s: s.__iadd__(Shout("hey ") + sg.gen("x"))).run(backend=FakeBackend(["!"]))
+    assert st.text() == "HEY !"
