@@ -6,8 +6,9 @@ I/O. The drive loop (:mod:`structgen.lang.run`) repeatedly asks :meth:`Interpret
 for the next request, sends the requests of many interpreters to a backend together
 (batching forks and concurrent runs), and hands each result back with
 :meth:`Interpreter.deliver`. Prompt-side nodes (text, roles, variable scopes) are handled
-here; nodes that need a backend are dispatched through the request-kind table
-(:mod:`structgen.lang.kinds`).
+here (the tool list a prompt shows and tool-result turns too: :mod:`structgen.tools` is
+imported only when a program uses them); nodes that need a backend are dispatched through
+the request-kind table (:mod:`structgen.lang.kinds`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from typing import Any
 from structgen.contract.backend import Cancellation, Message, SamplingParams
 from structgen.contract.chat_template import ChatTemplate
 from structgen.errors import ProgramError, StructgenError, map_error
-from structgen.lang.ir import Expr, RoleBegin, RoleEnd, Text, VarScopeBegin, VarScopeEnd, flatten
+from structgen.lang.ir import (
+    Expr,
+    RoleBegin,
+    RoleEnd,
+    Text,
+    ToolMessages,
+    UseTools,
+    VarScopeBegin,
+    VarScopeEnd,
+    flatten,
+)
 from structgen.lang.kinds import RequestKind, kind_for_node
 
 __all__ = ["Emit", "Interpreter", "Pending", "register_prompt_node"]
@@ -257,9 +268,51 @@ class Interpreter:
             raise ProgramError(f"var_scope {node.name!r} ended but never began")
         self.variables[node.name] = self.text[start:]
 
+    # -- tools (structgen.tools: imported only when a program uses them) ---------------------
+    def _template(self) -> tuple[ChatTemplate, list[dict[str, Any]] | None]:
+        """The template role turns render with, and the tool list it shows (if any)."""
+        if self.chat_template is None:
+            raise ProgramError("the backend has no chat template, so roles cannot be rendered")
+        if not self.tools:
+            return self.chat_template, None
+        from structgen.tools.formats import tools_template
+
+        return tools_template(self.chat_template)[0], [t.openai() for t in self.tools]
+
+    def _use_tools(self, node: UseTools) -> None:
+        if self._role is not None:
+            raise ProgramError("use_tools(...) must come before or between role turns, not inside one")
+        self.tools = node.tools
+        if not self.chat_messages and self.chat_template is None:  # plain text: the block itself
+            from structgen.tools.formats import injected_system_text
+
+            self._append(injected_system_text([t.openai() for t in node.tools]) + "\n")
+
+    def _tool_messages(self, node: ToolMessages) -> None:
+        if self._role is not None:
+            raise ProgramError(f"tool results cannot go inside an open {self._role.role!r} turn")
+        new = [{"role": "tool", "content": content, **({"tool_call_id": cid} if cid else {}),
+                **({"name": name} if name else {})} for content, cid, name in node.results]
+        if not self.chat_messages:
+            template, tools = self._template()
+            self._append(template.continuation(self.messages, new, tools))
+        self.messages.extend(new)
+
+    def resolve_tools(self, request: Any) -> Any:
+        """A ``gen(tools=...)`` becomes the constraint for this backend's call format."""
+        if not self.chat_messages:
+            shown = {t.name for t in self.tools}
+            missing = [t.name for t in request.tools if t.name not in shown]
+            if missing:
+                raise ProgramError(f"gen(tools=...) uses tools the prompt does not show: {missing}; "
+                                   "add s += sg.use_tools([...]) before the conversation")
+            template = None if self.chat_template is None else self._template()[0]
+            return request.resolve(template)
+        return request.resolve(None)
+
     def request_messages(self) -> tuple[Message, ...]:
         """The conversation so far for chat-API backends (an open turn is the last message)."""
-        msgs = [Message(m["role"], m["content"]) for m in self.messages]
+        msgs = [Message(m["role"], m["content"], m.get("tool_call_id"), m.get("name")) for m in self.messages]
         if self._role is not None:
             msgs.append(Message(self._role.role, self.text[self._role.start:]))
         return tuple(msgs)
@@ -278,6 +331,8 @@ _PROMPT_NODES: dict[type[Any], Callable[[Interpreter, Any], None]] = {
     RoleEnd: Interpreter._role_end,
     VarScopeBegin: Interpreter._scope_begin,
     VarScopeEnd: Interpreter._scope_end,
+    UseTools: Interpreter._use_tools,
+    ToolMessages: Interpreter._tool_messages,
 }
 
 

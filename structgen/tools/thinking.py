@@ -52,9 +52,9 @@ class ThinkingSpec(GrammarSpec):
         except OutputValidationError as exc:
             raise OutputValidationError(exc.message, raw=text, errors=exc.errors, truncated=truncated) from None
         if self.dtype is not None:
-            from structgen.lang.interpreter import _convert_dtype
+            from structgen.lang.kinds.generate import convert_dtype
 
-            return _convert_dtype(self.dtype, rest)
+            return convert_dtype(self.dtype, rest)
         return value
 
 

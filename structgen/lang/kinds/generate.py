@@ -22,12 +22,15 @@ from structgen.lang.kinds import RequestKind, register
 if TYPE_CHECKING:
     from structgen.lang.interpreter import Interpreter, Pending
 
-__all__ = ["GENERATE", "typed_value"]
+__all__ = ["GENERATE", "convert_dtype", "typed_value"]
 
 
 def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest:
+    constraint = node.constraint
+    if getattr(constraint, "kind", None) == "tool_request":  # gen(tools=...): this backend's format
+        constraint = interp.resolve_tools(constraint)
     return GenerateRequest(prompt=interp.text, params=node.sampling(interp.defaults),
-                           constraint=node.constraint, messages=interp.request_messages(),
+                           constraint=constraint, messages=interp.request_messages(),
                            program=interp.program, variable=name, group=interp.group,
                            cancel=interp.cancel)
 
@@ -40,7 +43,7 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
                            f"expected: {str(text)[:200]!r}")
     truncated = result.finish_reason == "length"
     try:
-        value = typed_value(node, text, truncated=truncated)
+        value = typed_value(node, text, truncated=truncated, constraint=pending.request.constraint)
     except Exception as exc:
         err = map_error(exc, "output", raw=text, truncated=truncated)
         if isinstance(err, OutputValidationError) and pending.attempt < node.retries:
@@ -51,6 +54,14 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
         raise err from exc
     meta = dict(result.meta)
     meta.setdefault("finish_reason", result.finish_reason)
+    think = getattr(pending.request.constraint, "think", None)
+    if think is not None:
+        from structgen.tools.calls import split_thinking
+
+        meta["thinking"] = split_thinking(text, think)[0]
+    calls = getattr(value, "calls", None)
+    if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
+        meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]
     if pending.attempt:
         meta["attempts"] = pending.attempt + 1
     interp.record(pending.name, text, value, meta, streamed=pending.streamed)
@@ -74,19 +85,22 @@ def _retry(interp: Interpreter, pending: Pending) -> None:
     interp.resend(replace(pending, request=replace(req, params=params), attempt=attempt, streamed=0))
 
 
-def typed_value(node: Gen, text: str, *, truncated: bool) -> Any:
-    """Validate constrained output and convert it to its typed value."""
-    if node.constraint is None:
+def typed_value(node: Gen, text: str, *, truncated: bool, constraint: Any = None) -> Any:
+    """Validate constrained output and convert it to its typed value (``constraint``: the
+    one the request carried, when the gen's was resolved for the backend: tool calls)."""
+    constraint = constraint if constraint is not None else node.constraint
+    if constraint is None:
         return text
     from structgen.constraints.validation import validate_output
 
-    value = validate_output(node.constraint, text, truncated=truncated)
+    value = validate_output(constraint, text, truncated=truncated)
     if node.dtype is not None:
-        return _convert_dtype(node.dtype, text)
+        return convert_dtype(node.dtype, text)
     return value
 
 
-def _convert_dtype(dtype: Any, text: str) -> Any:
+def convert_dtype(dtype: Any, text: str) -> Any:
+    """The typed value of ``dtype=`` output (``int``, ``float``, ``bool``, ``str``; else JSON)."""
     raw = text.strip()
     if dtype in (int, "int"):
         return int(raw)
