@@ -13,6 +13,7 @@ Importing structgen imports no torch, transformers or engine: backends load lazi
 """
 
 from structgen import extract
+from structgen.compat.reasoning import separate_reasoning
 from structgen.compat.sglang import (
     Anthropic,
     Engine,
@@ -133,6 +134,7 @@ __all__ = [
     "program",
     "run_tools",
     "select",
+    "separate_reasoning",
     "set_default_backend",
     "system",
     "system_begin",

@@ -136,3 +136,32 @@ def test_runtime_runs_the_model_in_process():
     finally:
         sg.set_default_backend(None)
         runtime.shutdown()
+
+
+# -- sgl.separate_reasoning (a prompt-side node registered by structgen.compat.reasoning) ---------------
+@pytest.mark.parametrize(("model_type", "output", "reasoning", "answer"), [
+    ("deepseek-r1", "add 2 and 2</think> 4", "add 2 and 2", "4"),      # no start tag: starts inside
+    ("qwen3", "<think>add 2 and 2</think>\n\n4", "add 2 and 2", "4"),
+    ("qwen3", "4", "", "4"),                                            # no thinking at all
+    ("deepseek-r1", "still thinking", "still thinking", ""),           # cut short inside the section
+])
+def test_separate_reasoning_splits_the_thinking_into_its_own_variable(model_type, output, reasoning, answer):
+    from structgen.backends.fake import FakeBackend
+
+    @sg.function
+    def solve(s):
+        s += sg.user("2+2?")
+        s += sg.assistant(sg.separate_reasoning(sg.gen("answer", max_tokens=32), model_type=model_type))
+        s += "after"
+
+    state = solve.run(backend=FakeBackend([output]))
+    assert state["answer"] == answer
+    assert state["answer_reasoning_content"] == reasoning
+    assert output in state.text() and state.text().endswith("after")  # the state keeps what the model wrote
+
+
+def test_separate_reasoning_needs_a_known_model_type_and_a_named_gen():
+    with pytest.raises(sg.ProgramError, match="deepseek-r1"):
+        sg.separate_reasoning(sg.gen("a"), model_type="gpt-9")
+    with pytest.raises(sg.ProgramError, match="named gen"):
+        sg.separate_reasoning(sg.gen(), model_type="qwen3")
