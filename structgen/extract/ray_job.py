@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,10 +230,24 @@ def _dataset(ray: Any, opts: JobOptions) -> Any:
     raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
 
 
-def start_local_ray(num_cpus: int | None = None, attempts: int = 3) -> None:
-    """Start a local Ray cluster. On a loaded machine Ray's node agents can miss the raylet's
-    fixed start-up deadline and the start fails; it is tried again a few times."""
+#: settings of a local cluster's processes (Ray reads RAY_* variables; the caller's win)
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # under load the dashboard / runtime-env agents and the workers (importing torch and
+    # structgen) start slowly; Ray's defaults (30 s, 60 s) make a busy machine fail
+    "RAY_agent_register_timeout_ms": "180000",
+    "RAY_worker_register_timeout_seconds": "180",
+}
+
+
+def start_local_ray(num_cpus: int | None = None, attempts: int = 2) -> None:
+    """Start a local Ray cluster in this process: no dashboard, no usage stats, 256 MiB of
+    object store, generous agent / worker start-up deadlines (:data:`RAY_ENV`). Ray >= 2.54
+    replaced the configurable agent deadline by a fixed 15 s one that a loaded machine
+    misses (ray-project/ray#65983); the ``ray`` extra therefore asks for Ray < 2.54."""
     ray = _require_ray()
+    for key, value in RAY_ENV.items():
+        os.environ.setdefault(key, value)
     for attempt in range(attempts):
         try:
             ray.init(num_cpus=num_cpus, object_store_memory=256 * 1024 * 1024, include_dashboard=False,

@@ -30,13 +30,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Any:
-    from structgen.errors import BackendError
     from structgen.extract.ray_job import start_local_ray
 
-    try:
-        start_local_ray(num_cpus=2)
-    except BackendError as exc:  # Ray's node agents missed the raylet's fixed start-up deadline
-        pytest.skip(f"a local Ray cluster could not start on this machine (load?): {exc}")
+    start_local_ray(num_cpus=2)  # a cluster that cannot start fails the test, never skips it
     yield ray
     ray.shutdown()
 
@@ -61,12 +57,12 @@ def test_ray_job_matches_local_and_resumes(tmp_path: Path, local_ray: Any, embed
     assert [r["id"] for r in distributed[:4]] == ["r0", "r1", "r2", "r3"]
     assert distributed[:4] == local[:4]
     assert distributed[4]["error"]["type"] == "InputError"
-    # restarted: everything comes from the journal
-    again = run_ray_job(opts(tmp_path / "ray.jsonl"), ropts)
-    assert again.resumed == 5 and again.computed_records == 0
-    assert _records(tmp_path / "ray.jsonl") == distributed
-    # one changed record runs again, the rest are skipped
+    # restarted with one record changed: only that one runs again, the rest (the error
+    # record too) come from the journal, and the file keeps input order
     docs[1]["text"] = "Bo is 44 years old."
-    inp.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    third = run_ray_job(opts(tmp_path / "ray.jsonl"), ropts)
-    assert third.computed_records == 1 and third.resumed == 3
+    inp.write_text("".join(json.dumps(d) + "\n" for d in docs) + "{not json\n")
+    again = run_ray_job(opts(tmp_path / "ray.jsonl"), ropts)
+    assert again.records == 5 and again.computed_records == 1 and again.resumed == 4
+    rerun = _records(tmp_path / "ray.jsonl")
+    assert [r["id"] for r in rerun] == [r["id"] for r in distributed]
+    assert rerun[:1] + rerun[2:] == distributed[:1] + distributed[2:]
