@@ -120,6 +120,9 @@ def gen(
 
         constraint = ToolRequest.make(tools, tool_choice, parallel_tool_calls, think)
     elif think is not None and think is not False:
+        if grammar is not None:
+            raise ConstraintError(f"gen({name!r}): think= takes a regex, json_schema or dtype, not a "
+                                  "grammar; write the thinking section into the grammar instead")
         from structgen.tools.thinking import thinking_spec
 
         constraint = thinking_spec(think, regex=regex, json_schema=json_schema, dtype=dtype, whitespace=whitespace)

@@ -183,6 +183,8 @@ def test_gen_grammar_builds_a_checked_grammar_constraint():
             sg.gen("g", grammar=bad)
     with pytest.raises(sg.ConstraintError, match="one constraint"):
         sg.gen("g", grammar=grammar, regex="a")
+    with pytest.raises(sg.ConstraintError, match="think= takes"):  # never dropped silently
+        sg.gen("g", grammar=grammar, think=True)
     no_grammar = FakeBackend(["(a)"], capabilities=Capabilities(regex=True, select="logprobs"))
 
     @sg.program

@@ -41,20 +41,32 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
     if not isinstance(text, str):
         raise BackendError(f"the backend returned {type(text).__name__} content where text was "
                            f"expected: {str(text)[:200]!r}")
-    truncated = result.finish_reason == "length"
-    try:
-        value = typed_value(node, text, truncated=truncated, constraint=pending.request.constraint)
-    except Exception as exc:
-        err = map_error(exc, "output", raw=text, truncated=truncated)
-        if isinstance(err, OutputValidationError) and pending.attempt < node.retries:
-            _retry(interp, pending)
-            return
-        if err is exc:
-            raise
-        raise err from exc
+    constraint = pending.request.constraint
     meta = dict(result.meta)
     meta.setdefault("finish_reason", result.finish_reason)
-    think = getattr(pending.request.constraint, "think", None)
+    if constraint is None:  # free text (the common case: nothing to check)
+        value: Any = text
+    else:
+        truncated = result.finish_reason == "length"
+        try:
+            value = typed_value(node, text, truncated=truncated, constraint=constraint)
+        except Exception as exc:
+            err = map_error(exc, "output", raw=text, truncated=truncated)
+            if isinstance(err, OutputValidationError) and pending.attempt < node.retries:
+                _retry(interp, pending)
+                return
+            if err is exc:
+                raise
+            raise err from exc
+        _tool_meta(meta, constraint, text, value)
+    if pending.attempt:
+        meta["attempts"] = pending.attempt + 1
+    interp.record(pending.name, text, value, meta, streamed=pending.streamed)
+
+
+def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> None:
+    """A thinking section and a tool-calling turn's calls, in the gen's meta information."""
+    think = getattr(constraint, "think", None)
     if think is not None:
         from structgen.tools.calls import split_thinking
 
@@ -62,9 +74,6 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
     calls = getattr(value, "calls", None)
     if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
         meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]
-    if pending.attempt:
-        meta["attempts"] = pending.attempt + 1
-    interp.record(pending.name, text, value, meta, streamed=pending.streamed)
 
 
 def _on_error(interp: Interpreter, pending: Pending, error: BaseException) -> bool:
