@@ -9,7 +9,12 @@ __all__ = ["EmbeddedBackend"]
 
 def __getattr__(name: str) -> Any:  # keep torch out of `import structgen.backends.embedded`
     if name == "EmbeddedBackend":
-        from structgen.backends.embedded.adapter import EmbeddedBackend
+        try:
+            from structgen.backends.embedded.adapter import EmbeddedBackend
+        except ImportError as exc:  # torch / transformers: the `embedded` extra
+            from structgen.extras import missing_dependency
+
+            raise missing_dependency(exc, "the embedded backend") from exc
 
         return EmbeddedBackend
     raise AttributeError(name)

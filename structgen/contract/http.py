@@ -32,9 +32,14 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import anyio
-import httpcore  # noqa: F401  (imported here, not inside the first request's deadline)
-import httpx
+from structgen.extras import missing_dependency
+
+try:
+    import anyio
+    import httpcore  # noqa: F401  (imported here, not inside the first request's deadline)
+    import httpx
+except ImportError as exc:  # the `servers` extra
+    raise missing_dependency(exc, "structgen's HTTP client") from exc
 
 from structgen.contract.http_config import (
     DEFAULT_DEADLINE,

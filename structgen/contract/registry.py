@@ -13,6 +13,7 @@ from typing import Any
 
 from structgen.contract.backend import Backend
 from structgen.errors import BackendError
+from structgen.extras import missing_dependency
 
 __all__ = ["available_backends", "get_backend", "get_default_backend", "set_default_backend"]
 
@@ -32,8 +33,8 @@ def get_backend(name: str, **kwargs: Any) -> Backend:
         raise BackendError(f"no backend named {name!r}; installed: {available_backends()}")
     try:
         cls = eps[0].load()
-    except ImportError as exc:
-        raise BackendError(f"backend {name!r} cannot be imported: {exc}", backend=name) from exc
+    except ImportError as exc:  # an optional dependency: the message names the pip install that fixes it
+        raise BackendError(str(missing_dependency(exc, f"backend {name!r}")), backend=name) from exc
     backend = cls(**kwargs)
     if not isinstance(backend, Backend):
         raise BackendError(f"the entry point {name!r} made {type(backend).__name__}, not a Backend", backend=name)

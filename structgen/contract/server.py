@@ -26,7 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
-import httpx
+from structgen.extras import missing_dependency
+
+try:
+    import httpx
+except ImportError as exc:  # the `servers` extra
+    raise missing_dependency(exc, "structgen's HTTP client") from exc
 
 from structgen.constraints.spec import ChoiceSpec
 from structgen.contract.backend import (

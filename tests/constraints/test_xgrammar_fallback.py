@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'structgen[xgrammar]')")
+pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'structgen-lm[xgrammar]')")
 
 from structgen.constraints.base import EngineRefusal
 from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids

@@ -6,7 +6,7 @@ llguidance's looser rungs drop, so its grammar is usually tighter. It is known t
 some invalid instances, so an XGrammar constraint is never labelled exact and the final
 validation (:mod:`structgen.constraints.validation`) guards the output.
 
-XGrammar is optional (``pip install 'structgen[xgrammar]'``; it imports torch and
+XGrammar is optional (``pip install 'structgen-lm[xgrammar]'``; it imports torch and
 transformers). It is imported lazily, on first use (:func:`load_xgrammar`); when it is
 missing or broken, :func:`engine_for` says why and the ladder goes on without it.
 
@@ -44,6 +44,7 @@ from structgen.constraints.bitmask import bitmask_words, row_pointer
 from structgen.constraints.engines.deadline import MAX_ABANDONED, Abandonable
 from structgen.constraints.engines.xgrammar_schema import skipped_keyword, xgrammar_schema
 from structgen.constraints.spec import JsonSchemaSpec
+from structgen.extras import install_hint
 
 __all__ = [
     "SCHEMA_OPTIONS",
@@ -68,7 +69,7 @@ def load_xgrammar() -> tuple[Any, str | None]:
     try:
         import xgrammar
     except ImportError as exc:
-        return None, f"xgrammar is not installed ({exc})"
+        return None, f"xgrammar is not installed ({exc}): {install_hint('xgrammar')}"
     except Exception as exc:
         return None, f"xgrammar cannot be imported: {type(exc).__name__}: {exc}"
     return xgrammar, None
