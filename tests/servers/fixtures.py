@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-LOG_DIR = Path(os.environ.get("STRUCTGEN_SERVER_LOGS", "/tmp/structgen-server-logs"))
+from structgen.backends.embedded.model_cache import cache_root
+from tests.servers import engines
+
+#: engine servers' logs (a failed start shows the log's tail and its path)
+LOG_DIR = Path(os.environ.get("STRUCTGEN_SERVER_LOGS") or cache_root() / "server-logs")
 
 
 def suite_cases() -> dict[str, Any]:
@@ -18,6 +22,12 @@ def suite_cases() -> dict[str, Any]:
     except ImportError:
         return {}
     return dict(CASES)
+
+
+def require_engine(name: str) -> None:
+    """Skip, saying which engine is missing where and how to install it."""
+    if engines.python(name) is None:
+        pytest.skip(engines.skip_reason(name))
 
 
 def require_server(available: bool, what: str) -> None:

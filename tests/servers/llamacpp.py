@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from tests.servers import engines
 from tests.servers.process import ServerProcess, free_port
 
-VENV = Path(os.environ.get("STRUCTGEN_LLAMACPP_VENV", "/work/venvs/llamacpp"))
+VENV = engines.venv("llamacpp")
 
 
 def python() -> Path | None:
-    exe = VENV / "bin" / "python"
-    if not exe.is_file() or not list(VENV.glob("lib/python*/site-packages/llama_cpp/server")):
-        return None
-    return exe
+    return engines.python("llamacpp")
 
 
 def start(gguf: str, log_dir: Path, *, alias: str = "smollm2", n_ctx: int = 2048) -> ServerProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -61,10 +62,8 @@ class ServerProcess:
     def kill(self) -> None:
         """SIGKILL the server's whole process group at once (a crash, for fault tests)."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:

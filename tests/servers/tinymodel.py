@@ -6,7 +6,6 @@ Head size 32 (vLLM's CPU attention needs >= 32). Built once into a cache directo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -16,8 +15,9 @@ SEED = 1234
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("STRUCTGEN_CACHE") or Path.home() / ".cache" / "structgen")
-    return root / "test-models" / "tiny-llama-h64-l2-v1"
+    from structgen.backends.embedded.model_cache import cache_root
+
+    return cache_root() / "test-models" / "tiny-llama-h64-l2-v1"
 
 
 def build_tiny_llama(out: Path | None = None) -> Path:

@@ -7,17 +7,15 @@ import site
 import sysconfig
 from pathlib import Path
 
+from tests.servers import engines
 from tests.servers.process import ServerProcess, free_port
 
-VENV = Path(os.environ.get("STRUCTGEN_TRITON_VENV", "/work/venvs/triton"))
+VENV = engines.venv("triton")
 SCRIPT = Path(__file__).with_name("triton_embedded.py")
 
 
 def python() -> Path | None:
-    exe = VENV / "bin" / "python"
-    if not exe.is_file() or not list(VENV.glob("lib/python*/site-packages/pytriton")):
-        return None
-    return exe
+    return engines.python("triton")
 
 
 def start(log_dir: Path, *, model: str | None = None, name: str = "structgen") -> ServerProcess:

@@ -1,13 +1,13 @@
 """A real tritonserver (PyTriton's bundled 2.51) serving structgen's embedded model.
 
-Run with the PyTriton venv's python (``/work/venvs/triton``); structgen, torch and
+Run with the PyTriton venv's python (``$STRUCTGEN_ENGINES/triton``, see tests/servers/engines.py); structgen, torch and
 transformers come from structgen's own venv, added as a site directory (``--site``).
 The model speaks the TensorRT-LLM ensemble's generate-endpoint names: ``text_input``,
 ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``random_seed``, ``stop_words``,
 ``guided_decoding_guide_type`` / ``guided_decoding_guide``; it answers ``text_output``
 and ``finish_reason``.
 
-    python triton_embedded.py --site /work/venv/lib/python3.11/site-packages --port 8000 [--model DIR]
+    python triton_embedded.py --site .venv/lib/python3.11/site-packages --port 8000 [--model DIR]
 """
 
 from __future__ import annotations

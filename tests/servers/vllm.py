@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
+import tempfile
 from pathlib import Path
 
+from tests.servers import engines
 from tests.servers.process import ServerProcess, free_port
 
-VENV = Path(os.environ.get("STRUCTGEN_VLLM_VENV", "/work/venvs/vllm"))
+VENV = engines.venv("vllm")
 
 
 def python() -> Path | None:
-    exe = VENV / "bin" / "python"
-    return exe if exe.is_file() else None
+    return engines.python("vllm")
 
 
 def argv(model_dir: str, port: int, *, name: str = "tiny", max_model_len: int = 2048,
@@ -42,7 +42,8 @@ def start(model_dir: str, log_dir: Path, **kw: object) -> ServerProcess:
 if __name__ == "__main__":
     from tests.servers.tinymodel import build_tiny_llama
 
-    srv = start(sys.argv[1] if len(sys.argv) > 1 else str(build_tiny_llama()), Path("/tmp/structgen-logs"))
+    model = sys.argv[1] if len(sys.argv) > 1 else str(build_tiny_llama())
+    srv = start(model, Path(tempfile.mkdtemp(prefix="structgen-vllm-logs-")))
     print(srv.url, flush=True)
     try:
         srv.proc.wait()  # type: ignore[union-attr]
