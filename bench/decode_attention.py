@@ -8,7 +8,7 @@ one step decodes one token for each. Three ways, timed interleaved in this proce
 * ``plain``: :class:`LlamaModel` where each sequence gathers its slots (prefix included);
 * ``cascade``: :class:`LlamaModel` with shared-prefix attention (prefix KV read once).
 
-    /work/venv/bin/python bench/decode_attention.py [--batches 1,8,32] [--reps 5]
+    .venv/bin/python bench/decode_attention.py [--batches 1,8,32] [--reps 5]
 
 Last line: ``RESULT cascade_vs_hf_b32=<x> cascade_vs_plain_b32=<x> step_ms_b32=<x>``
 (ratios are speedups: hf time / cascade time, plain time / cascade time).

@@ -1,6 +1,6 @@
 """Mask time per token on JSON-schema random walks with the SmolLM2 tokenizer.
 
-    /work/venv/bin/python bench/mask_time.py [--walks 40] [--seed 0] [--threads 1]
+    .venv/bin/python bench/mask_time.py [--walks 40] [--seed 0] [--threads 1]
 
 Reports p50 / p90 / p99 / max of ``Matcher.fill_bitmask`` (one row, torch int32 CPU
 bitmask), of ``consume``, and of ``apply_token_bitmask_inplace`` on a [1, vocab] float32

@@ -1,6 +1,6 @@
 """MaskBench: structgen's constraint layer vs raw grammar engines on real JSON schemas.
 
-    python bench/maskbench.py /work/shared/maskbench --limit 600 --seed 0
+    python bench/maskbench.py [DIR] --limit 600 --seed 0    (DIR: ../shared/maskbench from the repo root)
     python bench/maskbench.py DIR --engines structgen,llguidance,xgrammar,outlines --timeout 60
 
 Each file holds a ``schema`` and ``tests`` (instances labelled valid / invalid). For every
@@ -505,7 +505,7 @@ def generate_on_looser(dir_: str, names: list[str], n: int, max_tokens: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dir", nargs="?")
+    ap.add_argument("dir", nargs="?", help="MaskBench's folder of .json files (default: ../shared/maskbench)")
     ap.add_argument("--limit", type=int, default=0, help="a random sample of N files (0 = all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--files", help="a file listing the file names to run (one a line)")
@@ -521,8 +521,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker)
         return 0
-    if not args.dir:
-        ap.error("DIR is required")
+    if not args.dir:  # ../shared/maskbench next to the repository
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from tests.shared_data import shared_dir
+
+        args.dir = str(shared_dir() / "maskbench")
+        if not os.path.isdir(args.dir):
+            ap.error(f"no MaskBench data at {args.dir}: give its folder as DIR")
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
         if e not in ENGINES:

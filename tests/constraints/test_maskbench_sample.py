@@ -6,7 +6,8 @@ compact JSON is walked token by token against the mask (mask only, as ``bench/ma
 does), then EOS. Floors are the counts reached when the sample was fixed; the one exact
 requirement is that no invalid instance passes both the mask and the final validation.
 
-Skipped when the data directory (``$MASKBENCH_DIR`` or ``/work/shared/maskbench``) is absent.
+Skipped when the data directory (``$MASKBENCH_DIR``, else ``../shared/maskbench`` next to the
+repository: ``tests/shared_data.py``) is absent.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from structgen.constraints.compiler import CompileCache, compiler_for
 from structgen.constraints.spec import json_schema_spec
 from structgen.constraints.validation import validate_output
 from structgen.errors import ConstraintError, OutputValidationError
+from tests.shared_data import shared_dir
 
-DATA = Path(os.environ.get("MASKBENCH_DIR", "/work/shared/maskbench"))
+DATA = Path(os.environ.get("MASKBENCH_DIR") or shared_dir() / "maskbench")
 SAMPLE = Path(__file__).parent / "data" / "maskbench_sample.txt"
 
 # per source: (files compiled, valid accepted, invalid rejected) reached on the sample
