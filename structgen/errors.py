@@ -9,7 +9,8 @@ Every error structgen raises on purpose is a :class:`StructgenError`::
     ├── BackendError            a backend failed; ``retryable`` says whether to try again
     │   ├── CapabilityError     the backend cannot honour a feature (raised before sending)
     │   ├── DeadlineExceededError  a request's whole time budget ran out (attempts, elapsed, URL)
-    │   └── ResponseTooLargeError  a server's response passed the configured size cap
+    │   ├── ResponseTooLargeError  a server's response passed the configured size cap
+    │   └── ModelCacheError     a cached converted model failed verification and cannot be replaced
     ├── InputError              an input file or record cannot be read (batch extraction)
     ├── OutputValidationError   generated text failed parsing or validation
     └── RequestCancelled        the caller cancelled the work (Ctrl-C, an interrupted batch)
@@ -38,6 +39,7 @@ __all__ = [
     "ConstraintError",
     "DeadlineExceededError",
     "InputError",
+    "ModelCacheError",
     "OptionError",
     "OutputValidationError",
     "ProgramError",
@@ -173,6 +175,11 @@ class ResponseTooLargeError(BackendError):
         self.url = url
         kw.setdefault("retryable", False)
         super().__init__(message, **kw)
+
+
+class ModelCacheError(BackendError):
+    """A converted model in the cache does not match the manifest written at its conversion,
+    and cannot be converted again in its place (e.g. a cache directory of another user)."""
 
 
 class InputError(StructgenError):

