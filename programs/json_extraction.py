@@ -5,6 +5,9 @@
 reads one text per line (default: programs/data/people.txt), extracts a ``Person``
 from each, and prints one validated JSON record per line. A record whose output fails
 validation is reported on stderr with its raw text, never printed as data.
+
+The schema makes every record valid; the few-shot examples (one chat turn each) make the
+small default model copy the values from the text instead of inventing them.
 """
 
 import sys
@@ -21,19 +24,30 @@ class Person(BaseModel):
     city: str = Field(max_length=40)
 
 
+EXAMPLES = [
+    ("Emma Stone is 28 and lives in Paris.", Person(name="Emma Stone", age=28, city="Paris")),
+    ("Omar Haddad turned 59 in March; he has always lived in Cairo.", Person(name="Omar Haddad", age=59, city="Cairo")),
+    ("Our neighbour Li Wei (34) just moved to Chengdu.", Person(name="Li Wei", age=34, city="Chengdu")),
+]
+INSTRUCTION = "Extract the person's name, age and city from: "
+
+
 @sg.program
 def extract_person(s, text):
     s += sg.system("You extract data as JSON.")
-    s += sg.user("Extract the person's name, age and city from: " + text)
+    for example, person in EXAMPLES:
+        s += sg.user(INSTRUCTION + example)
+        s += sg.assistant(person.model_dump_json())
+    s += sg.user(INSTRUCTION + text)
     s += sg.assistant(sg.gen("person", json_schema=Person, max_tokens=64))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], backend: sg.Backend | None = None) -> int:
     path = Path(argv[0]) if argv else Path(__file__).parent / "data" / "people.txt"
     texts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    states = extract_person.run_batch([{"text": t} for t in texts])
+    states = extract_person.run_batch([{"text": t} for t in texts], backend=backend)
     failed = 0
-    for text, state in zip(texts, states):
+    for state in states:
         if state.error() is not None:
             failed += 1
             print(f"error: {state.error()}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 Each check runs a program from ``programs/`` on the given backend and asserts
 *structure* (regex full match, schema validity, choice membership, message counts,
-types), never model knowledge. Backend test modules call :func:`run_suite_case`.
+types, no empty value where the program shows one), never model knowledge. Backend test
+modules call :func:`run_suite_case`.
 """
 
 from __future__ import annotations
@@ -32,10 +33,16 @@ from programs import (
 from tests.jsontext import outside_strings
 
 
+def _shown(value: object, what: str) -> None:
+    """A value the program prints: an empty one would show as a blank (a broken demo)."""
+    assert isinstance(value, str) and value.strip(), f"{what} came back empty: {value!r}"
+
+
 def check_few_shot_qa(backend):
     st = few_shot_qa.few_shot_qa.run(question="What is the capital of Spain?", backend=backend)
     ans = st["answer"]
     assert isinstance(ans, str) and "\n" not in ans
+    _shown(ans, "answer")
     assert st.text().endswith(ans)
     assert st.text().count("Q: ") == len(few_shot_qa.EXAMPLES) + 1
 
@@ -47,6 +54,8 @@ def check_chat(backend):
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
     assert msgs[1]["content"] == qs[0] and msgs[3]["content"] == qs[1]
     assert msgs[2]["content"] == st["answer_0"] and msgs[4]["content"] == st["answer_1"]
+    _shown(st["answer_0"], "answer_0")
+    _shown(st["answer_1"], "answer_1")
 
 
 def check_json_extraction(backend):
@@ -57,7 +66,10 @@ def check_json_extraction(backend):
         assert st.error() is None, st.error()
         raw = st["person"]
         jsonschema.validate(json.loads(raw), schema)
-        assert isinstance(st.value("person"), json_extraction.Person)
+        person = st.value("person")
+        assert isinstance(person, json_extraction.Person)
+        _shown(person.name, "person.name")
+        _shown(person.city, "person.city")
         assert not any(ch.isspace() for ch in outside_strings(raw)), raw  # compact JSON by default
 
 
@@ -80,6 +92,9 @@ def check_parallel_decoding(backend):
     assert isinstance(st["tip"], list) and len(st["tip"]) == 3
     assert all(isinstance(t, str) and "\n" not in t for t in st["tip"])
     assert "\n" not in st["summary"]
+    for i, tip in enumerate(st["tip"]):
+        _shown(tip, f"tip {i + 1}")
+    _shown(st["summary"], "summary")
 
 
 def check_parallel_encoding(backend):
@@ -89,6 +104,7 @@ def check_parallel_encoding(backend):
     positions = [text.index(f"Document {i + 1}: {d}") for i, d in enumerate(docs)]
     assert positions == sorted(positions)
     assert text.index("Question:") > positions[-1]
+    _shown(st["answer"], "answer")
 
 
 def check_react(backend):
@@ -97,7 +113,8 @@ def check_react(backend):
     assert 1 <= steps <= 2
     for i in range(1, steps + 1):
         assert st[f"action_{i}"] in react.ACTIONS
-        assert re.fullmatch(r"[^\]\n]{1,40}", st[f"arg_{i}"])
+        assert re.fullmatch(r"[^\]\n]{1,40}", st[f"arg_{i}"]), st[f"arg_{i}"]  # the closing "]" is the stop
+        _shown(st[f"thought_{i}"], f"thought_{i}")
     if st[f"action_{steps}"] == "Finish":
         assert st["answer"] == st[f"arg_{steps}"]
 
@@ -108,6 +125,7 @@ def check_dtype_gen(backend):
     assert re.fullmatch(sg.REGEX_FLOAT, st["weight"]) and isinstance(st.value("weight"), float)
     assert st["mammal"] in ("True", "False") and isinstance(st.value("mammal"), bool)
     assert re.fullmatch(sg.REGEX_STR, st["name"]) and isinstance(st.value("name"), str)
+    _shown(st.value("name"), "name")
 
 
 _STOPS = {"answer", "max_steps", "max_calls", "max_seconds", "loop_guard", "final_tool"}
