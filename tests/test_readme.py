@@ -1,0 +1,83 @@
+"""Every ```python block of README.md runs as written (on the real embedded model).
+
+Each block runs in a fresh namespace, so it must stand alone, unless the comment
+``<!-- readme-test: continues -->`` right above it says it continues the block before (then
+both run, in order, in one namespace). A block that needs something a test cannot start
+here is marked ``<!-- readme-test: needs ... -->`` and skipped with that reason. Runs that
+name no backend use the session's embedded model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import structgen as sg
+
+pytestmark = pytest.mark.model
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+_FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+_MARK = re.compile(r"<!--\s*readme-test:\s*(.*?)\s*-->\s*$")
+
+
+@dataclass
+class Chain:
+    """Blocks that run in one namespace: a block and the ones that continue it."""
+
+    line: int
+    blocks: list[str] = field(default_factory=list)
+    needs: str | None = None
+
+
+def readme_chains(text: str) -> list[Chain]:
+    chains: list[Chain] = []
+    for m in _FENCE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        mark = _MARK.search(before)
+        note = mark.group(1) if mark else None
+        if note == "continues":
+            if not chains:
+                raise AssertionError(f"README.md:{line}: the first block cannot continue another")
+            chains[-1].blocks.append(m.group(1))
+            continue
+        chains.append(Chain(line, [m.group(1)], note))
+    return chains
+
+
+CHAINS = readme_chains(README.read_text())
+
+
+def test_the_readme_has_python_blocks_and_marks_that_parse():
+    assert len(CHAINS) >= 4
+    marks = re.findall(r"<!--\s*readme-test:\s*(.*?)\s*-->", README.read_text())
+    assert all(m == "continues" or m.startswith("needs ") for m in marks), marks
+
+
+@pytest.fixture
+def default_embedded(embedded_backend):
+    sg.set_default_backend(embedded_backend)
+    yield embedded_backend
+    sg.set_default_backend(None)
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=[f"README.md:{c.line}" for c in CHAINS])
+def test_readme_block_runs_as_written(chain: Chain, default_embedded):
+    if chain.needs:
+        pytest.skip(f"README.md:{chain.line} {chain.needs}")
+    namespace: dict[str, object] = {"__name__": "__readme__"}
+    for i, block in enumerate(chain.blocks):
+        code = compile(block, f"README.md:{chain.line} (block {i + 1} of the chain)", "exec")
+        exec(code, namespace)
+
+
+def test_continuation_and_needs_marks_are_read():
+    text = ("```python\na = 1\n```\n\n<!-- readme-test: continues -->\n```python\nb = a\n```\n"
+            "<!-- readme-test: needs a server -->\n```python\nc = 1\n```\n```python\nd = 1\n```\n")
+    chains = readme_chains(text)
+    assert [(c.blocks, c.needs) for c in chains] == [(["a = 1\n", "b = a\n"], None), (["c = 1\n"], "needs a server"),
+                                                      (["d = 1\n"], None)]
