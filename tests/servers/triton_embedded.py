@@ -20,6 +20,10 @@ import sysconfig
 
 
 def main() -> None:
+    # This script lives next to tests/servers/triton.py, which would shadow the `triton`
+    # package torch probes for ("module 'triton' has no attribute 'language'").
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     ap = argparse.ArgumentParser()
     ap.add_argument("--site", required=True, help="structgen venv's site-packages")
     ap.add_argument("--port", type=int, default=8000)
