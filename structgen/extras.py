@@ -2,8 +2,9 @@
 
 structgen is published as ``structgen-lm`` (``structgen`` on PyPI is an unrelated project)
 and imported as ``structgen``. Optional dependencies come in extras (``embedded``,
-``servers``, ``xgrammar``); where an optional module fails to import, the error names the
-exact command that installs it, through :func:`install_hint` / :func:`missing_dependency`.
+``servers``, ``xgrammar``, ``extract``, ``ray``); where an optional module fails to import,
+the error names the exact command that installs it (:func:`install_hint`,
+:func:`missing_dependency`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "httpcore": "servers",
     "anyio": "servers",
     "xgrammar": "xgrammar",
+    "pyarrow": "extract",
+    "ray": "ray",
     "tvm_ffi": "xgrammar",
 }
 

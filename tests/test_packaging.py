@@ -4,6 +4,8 @@ reported with the `pip install` that fixes them."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -35,8 +37,11 @@ def test_license_metadata_is_spdx_with_the_apache_text():
 
 def test_a_wheel_builds_without_deprecation_warnings(tmp_path):
     pytest.importorskip("setuptools", minversion="77")
+    src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info into the source tree
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-                          str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True, timeout=600,
+                          str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600,
                          check=False, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     log = (out.stdout + out.stderr).lower()
@@ -54,6 +59,22 @@ def test_a_wheel_builds_without_deprecation_warnings(tmp_path):
 ])
 def test_each_optional_module_has_its_install_command(module, expect):
     assert (install_hint(module) or "").startswith(expect)
+
+
+_WRONG_DIST = re.compile(r"""pip install (-\S+ )*['"]?structgen(?![-\w])""")
+
+
+def test_no_file_tells_to_install_the_unrelated_structgen_distribution():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False).stdout
+    if not files:
+        pytest.skip("not a git checkout")
+    bad = []
+    for name in files.splitlines():
+        path = ROOT / name
+        if path.is_file() and not path.is_symlink() and path.suffix in (".py", ".md", ".sh", ".toml", ".txt"):
+            text = path.read_text(errors="replace")
+            bad += [f"{name}: {m.group(0)}" for m in _WRONG_DIST.finditer(text)]
+    assert not bad, bad
 
 
 def test_torchs_hint_points_at_the_cpu_build():

@@ -154,7 +154,7 @@ def _parquet(path: Path, fields: Fields) -> Iterator[InputRecord]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise InputError("reading Parquet needs pyarrow: pip install 'structgen[extract]'",
+        raise InputError("reading Parquet needs pyarrow: pip install 'structgen-lm[extract]'",
                          source=str(path)) from exc
     try:
         pf = pq.ParquetFile(path)

@@ -57,7 +57,7 @@ class ParquetWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise InputError("writing Parquet needs pyarrow: pip install 'structgen[extract]'",
+            raise InputError("writing Parquet needs pyarrow: pip install 'structgen-lm[extract]'",
                              source=str(path)) from exc
         self._pa = pa
         self.schema = pa.schema([

@@ -61,7 +61,7 @@ def _require_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise BackendError("--ray needs Ray Data: pip install 'structgen[ray]'", backend="ray") from exc
+        raise BackendError("--ray needs Ray Data: pip install 'structgen-lm[ray]'", backend="ray") from exc
     return ray
 
 
