@@ -2,7 +2,7 @@
 
 structgen is published as ``structgen-lm`` (``structgen`` on PyPI is an unrelated project)
 and imported as ``structgen``. Optional dependencies come in extras (``embedded``,
-``servers``, ``xgrammar``, ``extract``, ``ray``); where an optional module fails to import,
+``servers``, ``xgrammar``, ``extract``, ``ray``, ``mcp``); where an optional module fails to import,
 the error names the exact command that installs it (:func:`install_hint`,
 :func:`missing_dependency`).
 """
@@ -29,6 +29,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "xgrammar": "xgrammar",
     "pyarrow": "extract",
     "ray": "ray",
+    "mcp": "mcp",
     "tvm_ffi": "xgrammar",
 }
 

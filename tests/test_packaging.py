@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,23 @@ def test_a_wheel_builds_without_deprecation_warnings(tmp_path):
     assert "deprecat" not in log and "!!" not in log, log
     [wheel] = (tmp_path / "dist").glob("structgen_lm-*.whl")
     assert wheel.name.startswith("structgen_lm-")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        [dist_info] = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+        metadata = zf.read(f"{dist_info}/METADATA").decode()
+        entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
+    # the engine adapters and the bundled schemas come in through the links structgen/backends
+    # and structgen/schemas: a wheel without them installs a library with no backend
+    for engine in ("embedded", "vllm", "llamacpp", "triton", "openai", "fake"):
+        assert f"structgen/backends/{engine}/__init__.py" in names, engine
+    assert "structgen/schemas/contact_card.py" in names and "structgen/schemas/contact_card.json" in names
+    assert "structgen/schemas/samples/contact_card.jsonl" in names
+    assert "structgen/schemas/examples/contact_card.jsonl" in names
+    assert "structgen/cli/__init__.py" in names and "structgen/py.typed" in names
+    assert f"{dist_info}/licenses/LICENSE" in names
+    assert "License-Expression: Apache-2.0" in metadata and "Name: structgen-lm" in metadata
+    assert re.search(r"^\[console_scripts\]\s*\nstructgen = structgen\.cli:main$", entry_points, re.M), entry_points
+    assert "embedded = structgen.backends.embedded:EmbeddedBackend" in entry_points
 
 
 @pytest.mark.parametrize(("module", "expect"), [

@@ -59,6 +59,8 @@ CHAINS = readme_chains(README.read_text())
 
 def test_the_readme_has_python_blocks_and_marks_that_parse():
     assert len(CHAINS) >= 4
+    fences = sum(line.strip() == "```python" for line in README.read_text().splitlines())
+    assert sum(len(c.blocks) for c in CHAINS) == fences  # every python block runs (or skips with a reason)
     marks = re.findall(r"<!--\s*readme-test:\s*(.*?)\s*-->", README.read_text())
     assert all(m.startswith(("chain ", "needs ")) for m in marks), marks
 

@@ -9,7 +9,7 @@ background thread, so tools are usable from sync programs and from the agent loo
 event loop alike. Each :class:`~structgen.tools.definition.Tool` is async: a call is sent
 to the session (``tools/call``) and awaited. A result flagged ``isError`` raises
 :class:`MCPToolError` (the loop shows it to the model as an error result); structured
-content is returned as data, text content as text. ``pip install 'structgen[mcp]'``.
+content is returned as data, text content as text. ``pip install 'structgen-lm[mcp]'``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class MCPTools:
         try:
             import mcp  # noqa: F401
         except ImportError as exc:
-            raise BackendError("MCP tools need the mcp SDK: pip install 'structgen[mcp]'", backend="mcp") from exc
+            raise BackendError("MCP tools need the mcp SDK: pip install 'structgen-lm[mcp]'", backend="mcp") from exc
         self.command, self.args, self.env, self.cwd, self.timeout = command, list(args), env, cwd, timeout
         self.tools: tuple[Tool, ...] = ()
         self._loop = asyncio.new_event_loop()
