@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 try:  # Python 3.11+
-    import re._constants as sre_c  # type: ignore[import-not-found]
-    import re._parser as sre_parse  # type: ignore[import-not-found]
+    import re._constants as sre_c  # type: ignore[import-not-found, unused-ignore]
+    import re._parser as sre_parse  # type: ignore[import-not-found, unused-ignore]
 except ImportError:  # pragma: no cover
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants as sre_c  # type: ignore[no-redef, unused-ignore]
+    import sre_parse  # type: ignore[no-redef, unused-ignore]
 
 from structgen.errors import ConstraintError
 

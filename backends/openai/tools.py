@@ -39,17 +39,18 @@ def _strict_ok(schema: Any) -> bool:
 
 
 def tool_fields(spec: Any) -> dict[str, Any]:
-    tools = []
+    tools: list[dict[str, Any]] = []
     for t in spec.allowed_tools:
         fn = dict(t.openai()["function"])
         if _strict_ok(t.parameters):
             fn["strict"] = True
         tools.append({"type": "function", "function": fn})
     out: dict[str, Any] = {"tools": tools}
+    first_name: str = tools[0]["function"]["name"] if tools else ""
     if spec.mode == "none":
         out["tool_choice"] = "none"
     elif spec.mode == "required" and len(tools) == 1:
-        out["tool_choice"] = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        out["tool_choice"] = {"type": "function", "function": {"name": first_name}}
     else:
         out["tool_choice"] = spec.mode
     if spec.mode != "none":
@@ -91,4 +92,4 @@ def calls_text(spec: Any, message: Mapping[str, Any], *, truncated: bool) -> str
         calls.append((str(fn.get("name")), args))
     if not calls:
         return content
-    return spec.render_calls(calls, content if spec.call_format.text_before else "")
+    return str(spec.render_calls(calls, content if spec.call_format.text_before else ""))

@@ -106,7 +106,7 @@ def hf_chat_template(path: str | None) -> ChatTemplate | None:
         return str(tok.apply_chat_template(messages, tokenize=False))
 
     def render_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
-        return str(tok.apply_chat_template(messages, tools=tools, tokenize=False))
+        return str(tok.apply_chat_template(messages, tools=list[Any](tools), tokenize=False))
 
     return ChatTemplate(render, name=os.path.basename(path.rstrip("/")), render_tools=render_tools,
                         source=tok.chat_template if isinstance(tok.chat_template, str) else None)
@@ -170,11 +170,14 @@ class ServerBackend(Backend):
     def _capabilities_for(self, version: str | None) -> Capabilities:
         raise NotImplementedError
 
+    def _is_detected(self) -> bool:
+        return self._detected
+
     def _ensure_detected(self) -> None:
         if self._detected:
             return
         with self._detect_lock:
-            if self._detected:
+            if self._is_detected():  # another thread may have finished while this one waited
                 return
             version: str | None
             if self._version is not None:
