@@ -179,7 +179,10 @@ class SGLangBackend(ServerBackend):
                 "text": list(request.choices), "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                 "return_logprob": True, "logprob_start_len": 0}, what="sglang select (unconditional)")
             uncond = []
-            for item, c in zip(body, cond):
+            if len(body) != len(cond):
+                raise BackendError(f"the server returned {len(body)} results for {len(cond)} prompts",
+                                   backend=self.name)
+            for item, c in zip(body, cond, strict=True):
                 lps = self._logprobs(require(item, "meta_info", "input_token_logprobs", backend=self.name))
                 uncond.append((lps[-len(c):] if c else []) + [0.0] * max(0, len(c) - len(lps)))
         return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond,

@@ -132,6 +132,10 @@ class VLLMBackend(OpenAICompatBackend):
     def _tokenize(self, text: str) -> Call:
         return Call("/tokenize", {"model": self.model, "prompt": text}, what="vllm tokenize")
 
+    def _expect_choices(self, entries: list[Any], n: int) -> None:
+        if len(entries) != n:
+            raise BackendError(f"the server returned {len(entries)} choices for {n} prompts", backend=self.name)
+
     def _prompt_logprobs(self, prompts: list[Any]) -> Call:
         return Call("/v1/completions", {"model": self.model, "prompt": prompts, "max_tokens": 1,
                                         "temperature": 0, "prompt_logprobs": 0},
@@ -168,13 +172,15 @@ class VLLMBackend(OpenAICompatBackend):
             starts.append(k)
         body = yield self._prompt_logprobs(full_ids)
         entries = sorted(require(body, "choices", backend=self.name), key=lambda c: c.get("index", 0))
-        cond = [self._token_logprobs(e, ids, k) for e, ids, k in zip(entries, full_ids, starts)]
+        self._expect_choices(entries, len(full_ids))
+        cond = [self._token_logprobs(e, ids, k) for e, ids, k in zip(entries, full_ids, starts, strict=True)]
         uncond = None
         if request.need_unconditional:
-            tails = [ids[k:] or ids[-1:] for ids, k in zip(full_ids, starts)]
+            tails = [ids[k:] or ids[-1:] for ids, k in zip(full_ids, starts, strict=True)]
             body = yield self._prompt_logprobs(tails)
             entries = sorted(require(body, "choices", backend=self.name), key=lambda c: c.get("index", 0))
-            uncond = [self._token_logprobs(e, t, 0)[: len(c)] for e, t, c in zip(entries, tails, cond)]
+            self._expect_choices(entries, len(tails))
+            uncond = [self._token_logprobs(e, t, 0)[: len(c)] for e, t, c in zip(entries, tails, cond, strict=True)]
         return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond,
                             meta={"choice_token_counts": [len(c) for c in cond]})
 

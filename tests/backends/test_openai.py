@@ -24,7 +24,8 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required":
 def _chat(payload):
     rf = payload.get("response_format") or {}
     if rf.get("json_schema", {}).get("name") == "choice":
-        content = json.dumps({"choice": rf["json_schema"]["schema"]["properties"]["choice"]["enum"][-1]}, separators=(",", ":"))
+        enum = rf["json_schema"]["schema"]["properties"]["choice"]["enum"]
+        content = json.dumps({"choice": enum[-1]}, separators=(",", ":"))
     else:
         content = '{"a":"b"}'
     return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},

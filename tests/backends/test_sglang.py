@@ -31,8 +31,9 @@ INFO = {"version": "0.5.6", "grammar_backend": "xgrammar", "model_path": "/model
 
 def _generate_response(payload):
     texts = payload["text"]
-    meta = lambda t: {"prompt_tokens": len(t.split()), "completion_tokens": 2, "cached_tokens": 0,
-                      "finish_reason": {"type": "stop", "matched": 2}}
+    def meta(t):
+        return {"prompt_tokens": len(t.split()), "completion_tokens": 2, "cached_tokens": 0,
+                "finish_reason": {"type": "stop", "matched": 2}}
     if isinstance(texts, list):
         return [{"text": "ok", "meta_info": meta(t)} for t in texts]
     return {"text": '{"name":"x"}', "meta_info": meta(texts)}

@@ -7,6 +7,7 @@ by making its import fail. Skipped when XGrammar is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -307,7 +308,5 @@ def test_embedded_backend_generates_under_the_xgrammar_rung(embedded_backend):
     assert res.finish_reason == "stop", res
     value = json.loads(res.text)  # well-formed JSON: the mask guarantees that much
     assert isinstance(value, dict) and set(value) <= {"name", "tags", "n"}, res.text
-    try:
-        assert validate_output(spec, res.text) == value
-    except OutputValidationError:
-        pass  # XGrammar let through what it does not enforce: final validation caught it
+    with contextlib.suppress(OutputValidationError):  # XGrammar let through what it does not enforce:
+        assert validate_output(spec, res.text) == value  # final validation caught it
