@@ -6,7 +6,8 @@ section) may not contain the first character of the format's trigger (``<`` for
 ``<tool_call>``, ``{`` for Llama 3 JSON, ``[`` for Mistral), which keeps a malformed call
 from passing as text. Arguments follow each tool's schema through
 :func:`~structgen.backends.llamacpp.gbnf_schema.json_schema_to_gbnf` (compact JSON; numeric bounds
-loosened); the adapter parses and validates every call afterwards.
+loosened); the adapter parses and validates every call afterwards. Under ``auto`` a format
+that opens its call block (the injected one) starts with it: ``[]`` then the answer, or calls.
 """
 
 from __future__ import annotations
@@ -55,9 +56,14 @@ def tool_gbnf(spec: Any) -> str:
     more = f"{{0,{spec.max_calls - 1}}}" if spec.max_calls > 1 else ""
     sep = gbnf_literal(fmt.separator)
     lead = ""
-    if fmt.text_before and spec.mode == "auto":
+    if fmt.text_before and spec.mode == "auto" and not fmt.opens_in_auto:
         rules.append(f"lead ::= {_text(first, empty=True)}")
         lead = "lead "
+    if fmt.list_style and fmt.opens_in_auto and spec.mode == "auto":  # "[]" then the answer, or calls
+        rest = f"({sep} call){more}" if more else ""
+        close = gbnf_literal("]" + fmt.close)
+        rules.append(f"calls ::= {gbnf_literal(fmt.open + '[')} (call {rest} {close} | {close} answer?)")
+        return "\n".join([f"root ::= {head}calls", *rules]) + "\n"
     if fmt.list_style:
         rest = f"({sep} call){more}" if more else ""
         rules.append(f"calls ::= {lead}{gbnf_literal(fmt.open + '[')} call {rest} {gbnf_literal(']' + fmt.close)}")

@@ -161,7 +161,8 @@ _lock = threading.RLock()
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """SHA-256 of the tokenizer's vocabulary (token -> id) and EOS ids; computed once per object."""
+    """SHA-256 of the tokenizer's vocabulary (token -> id) and EOS ids; computed once per object
+    (under the lock: threads that first compile at the same moment do not each hash the vocabulary)."""
     with _lock:
         try:
             cached = _fingerprints.get(tokenizer)
@@ -170,19 +171,18 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
             cached = entry[1] if entry is not None and entry[0] is tokenizer else None
         if cached is not None:
             return cached
-    vocab = tokenizer.get_vocab()
-    digest = hashlib.sha256()
-    for token, index in sorted(vocab.items(), key=lambda item: (item[1], item[0])):
-        digest.update(f"{index}\x00{token}\x01".encode("utf-8", "surrogatepass"))
-    eos = getattr(tokenizer, "eos_token_id", None)
-    digest.update(json.dumps({"eos": eos, "n": len(vocab)}).encode())
-    fingerprint = digest.hexdigest()
-    with _lock:
+        vocab = tokenizer.get_vocab()
+        digest = hashlib.sha256()
+        for token, index in sorted(vocab.items(), key=lambda item: (item[1], item[0])):
+            digest.update(f"{index}\x00{token}\x01".encode("utf-8", "surrogatepass"))
+        eos = getattr(tokenizer, "eos_token_id", None)
+        digest.update(json.dumps({"eos": eos, "n": len(vocab)}).encode())
+        fingerprint = digest.hexdigest()
         try:
             _fingerprints[tokenizer] = fingerprint
         except TypeError:
             _fingerprint_ids[id(tokenizer)] = (tokenizer, fingerprint)
-    return fingerprint
+        return fingerprint
 
 
 def compiler_for(tokenizer: Any, *, cache: CompileCache | None = None,

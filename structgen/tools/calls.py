@@ -110,8 +110,9 @@ def _fail(message: str, raw: str, truncated: bool, errors: list[str] | None = No
     return OutputValidationError(message, raw=raw, errors=errors or [message], truncated=truncated)
 
 
-def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> list[tuple[Any, str]]:
-    """The call objects in ``text`` (which starts at the first call) with their raw text."""
+def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> tuple[list[tuple[Any, str]], str]:
+    """The call objects in ``text`` (which starts at the first call) with their raw text,
+    and the answer after an empty list (formats that open the block under ``auto``)."""
     dec = json.JSONDecoder()
     out: list[tuple[Any, str]] = []
     pos = 0
@@ -121,9 +122,11 @@ def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> li
         pos = len(fmt.open) + 1
         if text.startswith("]" + fmt.close, pos):  # an empty list: no call
             pos += 1 + len(fmt.close)
+            if fmt.opens_in_auto:  # "<tool_call>[]</tool_call>" then the answer
+                return out, text[pos:].lstrip()
             if text[pos:].strip():
                 raise _fail(f"unexpected text after the tool calls: {text[pos:pos + 40]!r}", raw, truncated)
-            return out
+            return out, ""
         while True:
             try:
                 obj, end = dec.raw_decode(text, pos)
@@ -158,7 +161,7 @@ def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> li
             break
     if text[pos:].strip():
         raise _fail(f"unexpected text after the tool calls: {text[pos:pos + 40]!r}", raw, truncated)
-    return out
+    return out, ""
 
 
 def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Sequence[str] | None = None,
@@ -176,11 +179,11 @@ def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Se
     if mode == "none":
         raise _fail("tool calls are not allowed here (tool_choice='none')", text, truncated)
     content = body[:at]
-    objects = _decode_objects(body[at:], fmt, text, truncated)
-    if not objects:  # "<tool_call>[]</tool_call>": the model chose not to call
+    objects, answer = _decode_objects(body[at:], fmt, text, truncated)
+    if not objects:  # "<tool_call>[]</tool_call>": the model chose not to call (and may answer after it)
         if mode == "required":
             raise _fail("a tool call was required but the model made none", text, truncated)
-        return ToolTurn(content=content, thinking=thinking, raw=text)
+        return ToolTurn(content=content + answer, thinking=thinking, raw=text)
     if len(objects) > max_calls:
         raise _fail(f"{len(objects)} tool calls, at most {max_calls} allowed", text, truncated)
     by_name = {t.name: t for t in tools}

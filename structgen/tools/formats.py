@@ -12,8 +12,14 @@ tool list itself (the ``tools`` argument of ``apply_chat_template``). Known synt
 A template that does not render tools (SmolLM2-135M's, for one) gets the one documented
 prompt-injected format, ``structgen``: the tool list as JSON lines inside ``<tools>`` in
 the system turn, and calls written as ``<tool_call>[{"name": ..., "arguments": ...}, ...]</tool_call>``
-(SmolLM2's own function-calling format, instructed as its model card does), free text allowed
-before the call; under ``auto`` an empty list (``<tool_call>[]</tool_call>``) means no call.
+(SmolLM2's own function-calling convention: the turn is the call block and nothing else, and
+an empty list means no call). The rule for ``auto``: the turn always *opens* the block, so
+the model stands at the decision point right after ``<tool_call>[`` -- it writes either
+``]</tool_call>`` (no call), then its free-text answer, or one or more calls. So a turn
+is ``<tool_call>[]</tool_call>The answer.`` or ``<tool_call>[{...}, {...}]</tool_call>``.
+(A lazy trigger, free text first, lets a small model drift into prose and never call.)
+Native formats keep the lazy trigger under ``auto``: their models are trained to start a
+call block unprompted.
 
 Arguments are JSON as ``tojson`` writes it (``", "`` and ``": "``), the way the templates
 render a call back into the history. :func:`detect_format` picks the format from a
@@ -37,7 +43,8 @@ __all__ = ["FORMATS", "INJECTED", "ToolFormat", "detect_format", "injected_syste
 class ToolFormat:
     """One tool-call syntax. ``open``/``close`` wrap each call (``list_style=False``) or the
     JSON list of all calls (``list_style=True``); ``trigger`` is the text that starts a
-    call (an answer may never contain it)."""
+    call (an answer may never contain it). ``opens_in_auto``: under ``auto`` the turn
+    starts with the block; an empty list then the answer means no call (list style only)."""
 
     name: str
     open: str
@@ -48,6 +55,7 @@ class ToolFormat:
     text_before: bool
     native: bool
     trigger: str
+    opens_in_auto: bool = False
 
     def call_json(self, name: str, arguments: Any) -> str:
         return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
@@ -71,7 +79,7 @@ LLAMA3_JSON = ToolFormat("llama3_json", "", "", "; ", "parameters", list_style=F
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", ", ", "arguments", list_style=True, text_before=False,
                      native=True, trigger="[TOOL_CALLS]")
 INJECTED = ToolFormat("structgen", "<tool_call>", "</tool_call>", ", ", "arguments", list_style=True,
-                      text_before=True, native=False, trigger="<tool_call>")
+                      text_before=True, native=False, trigger="<tool_call>", opens_in_auto=True)
 FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, INJECTED)}
 
 _PROBE_TOOL = {"type": "function", "function": {
@@ -106,16 +114,20 @@ def detect_format(template: ChatTemplate | None) -> ToolFormat:
 
 # -- the injected format -------------------------------------------------------------------
 def injected_system_text(tools: Sequence[dict[str, Any]]) -> str:
-    """The instruction block added to the system turn for the ``structgen`` format."""
+    """The instruction block added to the system turn for the ``structgen`` format, laid out
+    as SmolLM2's function-calling system prompt is: the task, the tools, then the output
+    format (the call block and nothing else; an empty list when no call is needed)."""
     lines = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
     return ("You are an expert in composing functions. You are given a question and a set of possible "
-            "functions. Based on the question, make one or more function calls to achieve the purpose. "
-            "If none of the functions can be used, say so in plain text instead.\n\n"
+            "functions. Based on the question, you will need to make one or more function/tool calls to "
+            "achieve the purpose. If none of the functions can be used, make no call and point it out. "
+            "If the given question lacks the parameters required by the function, also point it out.\n\n"
             "You have access to the following tools:\n<tools>\n" + lines + "\n</tools>\n\n"
-            "To call functions, answer in exactly this format, with one object per call and the right "
-            "argument types:\n<tool_call>[{\"name\": \"func_name1\", \"arguments\": {\"argument1\": "
-            "\"value1\"}}, ... (more calls as required)]</tool_call>\n"
-            "If no function call is needed, make the calls an empty list: <tool_call>[]</tool_call>")
+            "The output MUST strictly follow the format below; write the tool calls first and nothing before "
+            "them. Make sure every argument has the right type. If no function call is needed, make the tool "
+            "calls an empty list: <tool_call>[]</tool_call>\n"
+            "<tool_call>[{\"name\": \"func_name1\", \"arguments\": {\"argument1\": \"value1\", "
+            "\"argument2\": \"value2\"}}, ... (more tool calls as required)]</tool_call>")
 
 
 def _inject(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,6 +9,11 @@ comes first: free text, then the constrained part -- thinking never turns it off
 Text before a call is allowed only in ``auto`` mode: under ``required`` (or a named tool)
 the call starts at once, and after the last allowed call the grammar ends, so a required
 call can never ramble or loop to ``max_tokens``.
+
+A format with ``opens_in_auto`` (the injected ``structgen`` format) has no lazy trigger:
+under ``auto`` the turn opens the call block at once and the model decides right after
+``<tool_call>[`` -- ``]</tool_call>`` and then an optional free-text answer (no call), or
+1..k calls and the grammar ends.
 """
 
 from __future__ import annotations
@@ -72,31 +77,9 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
     if mode == "none":
         lines += [f"start: {head}ANSWER", answer_rule, *rules]
         return "\n".join(lines) + "\n"
-    alternatives = ["calls"] if mode == "required" else ["ANSWER", "calls"]
-    lines.append(f"start: {head}({' | '.join(alternatives)})")
     if mode == "auto":
         lines.append(answer_rule)
-    lines += rules
-    more = f"{{0,{max_calls - 1}}}" if max_calls > 1 else ""
-    sep = lark_literal(fmt.separator)
-    if fmt.list_style:
-        opener = lark_literal(fmt.open + "[")
-        closer = lark_literal("]" + fmt.close)
-        rest = f"({sep} call){more}" if more else ""
-        if fmt.text_before and mode == "auto":  # "[]": no call (the injected format's convention)
-            lines.append(f"calls: lead (call {rest})? {closer}")
-            lines.append(f"lead[lazy]: /(?s:.*)/ {opener}")
-        else:
-            lines.append(f"calls: {opener} call {rest} {closer}")
-    else:
-        open_, close = lark_literal(fmt.open) if fmt.open else "", lark_literal(fmt.close) if fmt.close else ""
-        block = " ".join(p for p in (open_, "call", close) if p)
-        rest = f"({sep} {block}){more}" if more else ""
-        if fmt.text_before and fmt.open and mode == "auto":
-            lines.append(f"calls: lead call {close} {rest}")
-            lines.append(f"lead[lazy]: /(?s:.*)/ {open_}")
-        else:
-            lines.append(f"calls: {block} {rest}")
+    lines += [*_turn_rules(fmt, mode, max_calls, head), *rules]
     names = []
     for i, t in enumerate(tools):
         rule = f"call_{i}"
@@ -106,3 +89,27 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
         lines.append(f"args_{i}: %json {_args_schema(t)}")
     lines.append(f"call: {' | '.join(names)}")
     return "\n".join(lines) + "\n"
+
+
+def _turn_rules(fmt: ToolFormat, mode: str, max_calls: int, head: str) -> list[str]:
+    """``start`` and the rules that frame the calls (``call`` itself comes after)."""
+    more = f"{{0,{max_calls - 1}}}" if max_calls > 1 else ""
+    sep = lark_literal(fmt.separator)
+    if fmt.list_style:
+        opener, closer = lark_literal(fmt.open + "["), lark_literal("]" + fmt.close)
+        rest = f"({sep} call){more}" if more else ""
+        if mode == "auto" and fmt.opens_in_auto:  # the decision point: "[]" then the answer, or calls
+            return [f"start: {head}{opener} (call {rest} {closer} | {closer} ANSWER?)"]
+        if mode == "required":
+            return [f"start: {head}calls", f"calls: {opener} call {rest} {closer}"]
+        if fmt.text_before:  # "[]": no call
+            return [f"start: {head}(ANSWER | calls)", f"calls: lead (call {rest})? {closer}",
+                    f"lead[lazy]: /(?s:.*)/ {opener}"]
+        return [f"start: {head}(ANSWER | calls)", f"calls: {opener} call {rest} {closer}"]
+    open_, close = lark_literal(fmt.open) if fmt.open else "", lark_literal(fmt.close) if fmt.close else ""
+    block = " ".join(p for p in (open_, "call", close) if p)
+    rest = f"({sep} {block}){more}" if more else ""
+    start = f"start: {head}calls" if mode == "required" else f"start: {head}(ANSWER | calls)"
+    if fmt.text_before and fmt.open and mode == "auto":  # a lazy trigger: free text, then the first call
+        return [start, f"calls: lead call {close} {rest}", f"lead[lazy]: /(?s:.*)/ {open_}"]
+    return [start, f"calls: {block} {rest}"]

@@ -180,4 +180,6 @@ def test_llamacpp_gbnf_accepts_valid_calls_only(mode, tokenizer):
     assert ok(good.replace(", ", ",").replace(": ", ":").replace('{"name":', '{"name": ').replace(
         ',"arguments":', ', "arguments": ').replace('},{"name', '}, {"name'))
     assert not ok(INJECTED.render_calls([("drop", {})]))
-    assert ok("Sunny.") is (mode == "auto")
+    assert not ok("Sunny.")  # the injected format's auto opens the call block first
+    assert ok("<tool_call>[]</tool_call>Sunny.") is (mode == "auto")
+    assert ok("<tool_call>[]</tool_call>") is (mode == "auto")

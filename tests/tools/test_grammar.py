@@ -55,10 +55,11 @@ def calls_text(fmt, calls, content=""):
 def test_auto_accepts_answers_and_valid_calls_only(fmt, compiler, tokenizer):
     f = FORMATS[fmt]
     spec = build_spec(TOOLS, f, tool_choice="auto", parallel=2)
+    answer = "<tool_call>[]</tool_call>The answer is 42." if f.opens_in_auto else "The answer is 42."
     ok = [calls_text(fmt, [("add", {"a": 1, "b": 2})]),
           calls_text(fmt, [("add", {"a": 1, "b": 2}), ("pick", {"color": "red"})]),
-          "The answer is 42."]
-    if f.text_before:
+          answer]
+    if f.text_before and not f.opens_in_auto:
         ok.append(calls_text(fmt, [("pick", {"color": "red", "size": 3})], content="Let me check. "))
     for text in ok:
         assert accepts(compiler, tokenizer, spec, text), text
@@ -94,7 +95,8 @@ def test_required_named_allowed_none(fmt, compiler, tokenizer):
     assert not accepts(compiler, tokenizer, named, one)
     assert accepts(compiler, tokenizer, named, calls_text(fmt, [("pick", {"color": "blue"})]))
     allowed = build_spec(TOOLS, f, tool_choice={"allowed": ["add"]})
-    assert accepts(compiler, tokenizer, allowed, one) and accepts(compiler, tokenizer, allowed, "text")
+    text = "<tool_call>[]</tool_call>text" if f.opens_in_auto else "text"
+    assert accepts(compiler, tokenizer, allowed, one) and accepts(compiler, tokenizer, allowed, text)
     assert not accepts(compiler, tokenizer, allowed, calls_text(fmt, [("pick", {"color": "blue"})]))
     none = build_spec(TOOLS, f, tool_choice="none")
     assert accepts(compiler, tokenizer, none, "Just text.")
@@ -108,6 +110,8 @@ def test_injected_empty_list_means_no_call(compiler, tokenizer):
     auto = build_spec(TOOLS, FORMATS["structgen"], tool_choice="auto")
     assert accepts(compiler, tokenizer, auto, "<tool_call>[]</tool_call>")
     assert auto.validate_output("<tool_call>[]</tool_call>").calls == []
+    turn = auto.validate_output("<tool_call>[]</tool_call>\nNo tool fits.")
+    assert turn.calls == [] and turn.content == "No tool fits." and turn.is_answer
     required = build_spec(TOOLS, FORMATS["structgen"], tool_choice="required")
     assert not accepts(compiler, tokenizer, required, "<tool_call>[]</tool_call>")
     with pytest.raises(OutputValidationError):
