@@ -25,7 +25,8 @@ def research(s, topics):
     s += sg.system("You are a research assistant. Look the topic up, then state one fact.")
     forks = s.fork(len(topics))
     forks += lambda i: sg.user(f"Topic: {topics[i]}")
-    results = sg.run_tools(forks, [encyclopedia], name="finding", max_steps=2, max_tokens=64)
+    results = sg.run_tools(forks, [encyclopedia], name="finding", max_steps=2, max_tokens=64,
+                           parallel_tool_calls=False)  # one lookup per topic
     s["findings"] = [r.answer or "" for r in results]
     s["steps"] = [len(r.steps) for r in results]
     s += sg.user("Summarize these findings in one sentence: " + " | ".join(s["findings"]))

@@ -7,7 +7,8 @@ tools, else a dict), the plain JSON ``raw_arguments`` and the exact ``raw`` text
 :func:`parse_turn` reads a turn in a :class:`~structgen.tools.formats.ToolFormat` and
 rejects, as :class:`~structgen.errors.OutputValidationError`, any call of a tool that is
 not allowed, arguments that do not validate, or more calls than allowed. Nothing is
-``eval``'d: calls are JSON.
+``eval``'d: calls are JSON. A turn cut by ``max_tokens`` inside its call block keeps its
+whole calls (``ToolTurn.truncated``); cut before the first whole call, it is an error.
 
 Call ids are deterministic (``call_`` + 9 hex digits of a hash of the position, name and
 arguments), so the same turn renders the same tool messages and a repeated program
@@ -55,6 +56,8 @@ class ToolTurn:
     calls: list[ToolCall] = field(default_factory=list)
     thinking: str | None = None
     raw: str = ""
+    #: the turn hit ``max_tokens`` inside its call block: ``calls`` are the complete ones
+    truncated: bool = False
 
     @property
     def is_answer(self) -> bool:
@@ -110,12 +113,23 @@ def _fail(message: str, raw: str, truncated: bool, errors: list[str] | None = No
     return OutputValidationError(message, raw=raw, errors=errors or [message], truncated=truncated)
 
 
+class _Cut(Exception):
+    """The call block ends early at the end of a truncated output (after whole calls)."""
+
+
 def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> tuple[list[tuple[Any, str]], str]:
     """The call objects in ``text`` (which starts at the first call) with their raw text,
-    and the answer after an empty list (formats that open the block under ``auto``)."""
+    and the answer after an empty list (formats that open the block under ``auto``).
+    Raises :class:`_Cut` when ``truncated`` and the block breaks off after whole calls."""
     dec = json.JSONDecoder()
     out: list[tuple[Any, str]] = []
     pos = 0
+
+    def fail(message: str) -> OutputValidationError | _Cut:
+        if truncated and out:  # max_tokens cut the list after whole calls: keep those
+            return _Cut(out)
+        return _fail(message, raw, truncated)
+
     if fmt.list_style:
         if not text.startswith(fmt.open + "["):
             raise _fail(f"expected {fmt.open}[ to start the calls", raw, truncated)
@@ -131,7 +145,7 @@ def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> tu
             try:
                 obj, end = dec.raw_decode(text, pos)
             except ValueError as exc:
-                raise _fail(f"a tool call is not valid JSON: {exc}", raw, truncated) from None
+                raise fail(f"a tool call is not valid JSON: {exc}") from None
             out.append((obj, text[pos:end]))
             pos = end
             if text.startswith(fmt.separator, pos):
@@ -140,21 +154,20 @@ def _decode_objects(text: str, fmt: ToolFormat, raw: str, truncated: bool) -> tu
             if text.startswith("]" + fmt.close, pos):
                 pos += 1 + len(fmt.close)
                 break
-            raise _fail(f"expected {fmt.separator!r} or ']{fmt.close}' after a tool call", raw, truncated)
+            raise fail(f"expected {fmt.separator!r} or ']{fmt.close}' after a tool call")
     else:
         while True:
             if not text.startswith(fmt.open, pos):
-                raise _fail(f"expected {fmt.open!r} to start a tool call", raw, truncated)
+                raise fail(f"expected {fmt.open!r} to start a tool call")
             pos += len(fmt.open)
             try:
                 obj, end = dec.raw_decode(text, pos)
             except ValueError as exc:
-                raise _fail(f"a tool call is not valid JSON: {exc}", raw, truncated) from None
+                raise fail(f"a tool call is not valid JSON: {exc}") from None
+            if not text.startswith(fmt.close, end):
+                raise fail(f"expected {fmt.close!r} to end a tool call")
             out.append((obj, text[pos:end]))
-            pos = end
-            if not text.startswith(fmt.close, pos):
-                raise _fail(f"expected {fmt.close!r} to end a tool call", raw, truncated)
-            pos += len(fmt.close)
+            pos = end + len(fmt.close)
             if pos < len(text) and text.startswith(fmt.separator + fmt.open, pos):
                 pos += len(fmt.separator)
                 continue
@@ -179,7 +192,11 @@ def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Se
     if mode == "none":
         raise _fail("tool calls are not allowed here (tool_choice='none')", text, truncated)
     content = body[:at]
-    objects, answer = _decode_objects(body[at:], fmt, text, truncated)
+    cut = False
+    try:
+        objects, answer = _decode_objects(body[at:], fmt, text, truncated)
+    except _Cut as exc:  # max_tokens inside the block, after whole calls: those calls stand
+        objects, answer, cut = exc.args[0], "", True
     if not objects:  # "<tool_call>[]</tool_call>": the model chose not to call (and may answer after it)
         if mode == "required":
             raise _fail("a tool call was required but the model made none", text, truncated)
@@ -208,4 +225,4 @@ def parse_turn(text: str, fmt: ToolFormat, tools: Sequence[Tool], *, allowed: Se
         calls.append(ToolCall(id=call_id(i, name, plain), name=name, arguments=typed, raw_arguments=plain, raw=raw))
     if errors:
         raise _fail("invalid tool call(s)", text, truncated, errors)
-    return ToolTurn(content=content, calls=calls, thinking=thinking, raw=text)
+    return ToolTurn(content=content, calls=calls, thinking=thinking, raw=text, truncated=cut)

@@ -7,6 +7,8 @@ template's tool role; and stops at an answer or a limit:
 
 * ``max_steps`` turns, ``max_calls`` calls in all, ``max_seconds`` of wall time;
 * the loop guard: a call identical (same tool, same arguments) to one already made;
+  (a turn stopped by a limit or the guard keeps its calls in the record, each with the
+  error ``not run (<reason>)``)
 * a call of a tool without an implementation (a pydantic model as a "final answer"
   tool): its validated arguments are the result.
 
@@ -149,14 +151,17 @@ def run_tools(s: Any, tools: Any, *, name: str = "agent", max_steps: int = 6, to
                     a.result.final = final.arguments
                     _record(a, name, turn.content or None, "final_tool")
                     continue
+                stop = None
                 if loop_guard and any(a.seen[c.key()] for c in turn.calls):
-                    _record(a, name, None, "loop_guard")
-                    continue
-                if sum(len(x.calls) for x in a.result.steps) > max_calls:
-                    _record(a, name, None, "max_calls")
-                    continue
-                if deadline is not None and time.monotonic() >= deadline:
-                    _record(a, name, None, "max_seconds")
+                    stop = "loop_guard"
+                elif sum(len(x.calls) for x in a.result.steps) > max_calls:
+                    stop = "max_calls"
+                elif deadline is not None and time.monotonic() >= deadline:
+                    stop = "max_seconds"
+                if stop is not None:  # this turn's calls are recorded, not run
+                    for cr in rec.calls:
+                        cr.error = f"not run ({stop})"
+                    _record(a, name, None, stop)
                     continue
                 a.seen.update(c.key() for c in turn.calls)
                 pending.append((a, rec, list(turn.calls)))

@@ -118,6 +118,22 @@ def test_injected_empty_list_means_no_call(compiler, tokenizer):
         required.validate_output("<tool_call>[]</tool_call>")
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_truncated_turn_keeps_its_whole_calls_only(fmt):
+    spec = build_spec(TOOLS, FORMATS[fmt], tool_choice="required", parallel=3)
+    full = calls_text(fmt, [("add", {"a": 1, "b": 2}), ("pick", {"color": "red"})])
+    second = full.rindex('{"name": "pick"')
+    for cut in (second + 5, full.rindex("red")):  # max_tokens inside the second call
+        turn = spec.validate_output(full[:cut], truncated=True)
+        assert [c.name for c in turn.calls] == ["add"] and turn.calls[0].arguments.a == 1 and turn.truncated
+        with pytest.raises(OutputValidationError):  # the same text, not cut by max_tokens: malformed
+            spec.validate_output(full[:cut])
+    assert not spec.validate_output(full, truncated=True).truncated  # whole: nothing was cut
+    with pytest.raises(OutputValidationError) as exc:  # cut inside the first call: no call to keep
+        spec.validate_output(full[:full.index('"b"')], truncated=True)
+    assert exc.value.truncated
+
+
 def test_answer_never_contains_the_trigger(compiler, tokenizer):
     spec = build_spec(TOOLS, FORMATS["hermes"], tool_choice="auto")
     assert not accepts(compiler, tokenizer, spec, "text <tool_call> more text")

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 
 import structgen as sg
 from structgen.backends.fake import FakeBackend
-from structgen.contract.backend import Capabilities
-from structgen.errors import CapabilityError, ProgramError
+from structgen.contract.backend import Capabilities, GenerateResult
+from structgen.errors import CapabilityError, OutputValidationError, ProgramError
 from structgen.tools import ToolExecutor
 from structgen.tools.calls import ToolCall
 from structgen.tools.formats import INJECTED
@@ -95,6 +95,21 @@ def test_loop_guard_stops_a_repeated_identical_call():
     res = st.value("agent")
     assert res.stopped == "loop_guard" and RAN == [("add", {"a": 1, "b": 2})]  # the repeat never ran
     assert st["agent"] == ""
+    repeat = res.steps[1].calls[0]  # recorded, marked as not run
+    assert repeat.tool == "add" and repeat.result is None and repeat.error == "not run (loop_guard)"
+
+
+def test_a_turn_cut_by_max_tokens_runs_its_whole_calls():
+    text = call(("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4}))
+    cut = GenerateResult(text=text[:text.rindex('"b"')], finish_reason="length")
+    be = FakeBackend([cut, "Done."])
+    st = agent_program([add]).run(question="?", backend=be)
+    res = st.value("agent")
+    assert RAN == [("add", {"a": 1, "b": 2})] and res.stopped == "answer" and st["agent"] == "Done."
+    assert st.value("agent_0").truncated and [c.tool for c in res.steps[0].calls] == ["add"]
+    early = GenerateResult(text=text[:text.index('"b"')], finish_reason="length")
+    with pytest.raises(OutputValidationError):  # cut inside the first call: nothing to run
+        agent_program([add]).run(question="?", backend=FakeBackend([early]))
 
 
 def test_step_call_and_time_limits():
@@ -104,7 +119,7 @@ def test_step_call_and_time_limits():
     RAN.clear()
     be = FakeBackend([call(("add", {"a": 1, "b": 0}), ("add", {"a": 2, "b": 0})), call(("add", {"a": 3, "b": 0}))])
     res = agent_program([add], max_calls=2).run(question="?", backend=be).value("agent")
-    assert res.stopped == "max_calls" and len(RAN) == 2
+    assert res.stopped == "max_calls" and len(RAN) == 2 and res.steps[-1].calls[0].error == "not run (max_calls)"
     be = FakeBackend([call(("add", {"a": 1, "b": 0}))])
     res = agent_program([add], max_seconds=0.0).run(question="?", backend=be).value("agent")
     assert res.stopped == "max_seconds" and len(RAN) == 2
