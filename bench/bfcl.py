@@ -17,8 +17,12 @@ the system turn in structgen's documented format -- SmolLM2's template has no to
 
 The checker is ours, BFCL's AST style (``bench/bfcl_check.py``). ``accuracy`` is the mean
 of the per-category accuracies of the call categories (all but ``*irrelevance*``);
-``accuracy_vllm`` is the better of vLLM's two modes; ``calls_per_s_ratio`` is structgen's
-valid calls per second of wall time over vLLM ``auto``'s. Last line::
+``accuracy_vllm`` is the better of vLLM's two modes. Each category is one timed batch per
+system (after one untimed warm-up request each). ``calls_per_s_ratio``: on the questions
+of the call categories, structgen's calls per second (calls of valid turns over the summed
+wall time of those batches) over vLLM's in its call-making mode, ``tool_choice="required"``
+(a call is forced, so every question yields calls), on the same questions and prompts;
+vLLM ``auto``'s rate is printed beside it. Last line::
 
     RESULT valid_call_rate=... accuracy=... accuracy_unconstrained=... accuracy_vllm=...
            irrelevance_accuracy=... calls_per_s_ratio=...
@@ -42,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import structgen as sg  # noqa: E402
 from bench.bfcl_check import Category, Record, check_calls, load_categories, to_json_schema, tool_name  # noqa: E402
 from structgen.tools import as_tool  # noqa: E402
-from structgen.tools.formats import INJECTED, _inject  # noqa: E402
+from structgen.tools.formats import INJECTED, inject_tools  # noqa: E402
 
 ROLE = {"system": sg.system, "user": sg.user, "assistant": sg.assistant}
 
@@ -90,35 +94,43 @@ def parse_free(text: str) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
 
 
 # -- (a) and (b): structgen on the embedded backend ------------------------------------------
+def _items(cat: Category, recs: list[Record], constrained: bool, max_tokens: int, choice: str) -> list[dict[str, Any]]:
+    return [{"messages": rec.messages, "tools": record_tools(rec), "constrained": constrained,
+             "parallel": cat.parallel, "max_tokens": max_tokens, "choice": choice} for rec in recs]
+
+
+def _new_run() -> dict[str, Any]:
+    return {"per_cat": {}, "valid": 0, "invalid": 0, "truncated": 0, "calls": {}, "wall": {}, "why": []}
+
+
 def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tokens: int,
                   choice: str = "auto") -> dict[str, Any]:
-    items, owners = [], []
+    run = _new_run()
+    bfcl_turn.run_batch(_items(cats[0], cats[0].records[:1], constrained, max_tokens, choice),
+                        backend=backend)  # warm-up, untimed
     for cat in cats:
-        for rec in cat.records:
-            items.append({"messages": rec.messages, "tools": record_tools(rec), "constrained": constrained,
-                          "parallel": cat.parallel, "max_tokens": max_tokens, "choice": choice})
-            owners.append((cat, rec))
-    t0 = time.perf_counter()
-    states = bfcl_turn.run_batch(items, backend=backend, num_threads=16)
-    wall = time.perf_counter() - t0
-    per_cat: dict[str, list[bool]] = {}
-    valid = invalid = ncalls = 0
-    for (cat, rec), st in zip(owners, states, strict=True):
-        err = st.error()
-        calls: list[tuple[str, dict[str, Any]]] = []
-        if constrained:
-            if err is None:
-                valid += 1
-                calls = [(c.name, c.raw_arguments) for c in st.tool_calls("out")]
+        t0 = time.perf_counter()
+        states = bfcl_turn.run_batch(_items(cat, cat.records, constrained, max_tokens, choice), backend=backend,
+                                     num_threads=16)
+        run["wall"][cat.name] = time.perf_counter() - t0
+        checks, ncalls = [], 0
+        for rec, st in zip(cat.records, states, strict=True):
+            err = st.error()
+            calls: list[tuple[str, dict[str, Any]]] = []
+            if constrained:
+                ok = err is None
+                if not ok:
+                    run["why"].append(f"{rec.id}: {type(err).__name__}: {str(err).split(' (raw output')[0][:120]}")
+                else:
+                    calls = [(c.name, c.raw_arguments) for c in st.tool_calls("out")]
+                    run["truncated"] += bool(st.value("out").truncated)
             else:
-                invalid += 1
-        else:
-            calls, parsed = parse_free("" if err else st["out"])
-            valid += parsed
-            invalid += not parsed
-        ncalls += len(calls)
-        per_cat.setdefault(cat.name, []).append(check_calls(calls, rec, cat))
-    return {"per_cat": per_cat, "valid": valid, "invalid": invalid, "calls": ncalls, "wall": wall}
+                calls, ok = parse_free("" if err else st["out"])
+            run["valid" if ok else "invalid"] += 1
+            ncalls += len(calls)
+            checks.append(check_calls(calls, rec, cat))
+        run["per_cat"][cat.name], run["calls"][cat.name] = checks, ncalls
+    return run
 
 
 # -- (c): vLLM's own tool calling -------------------------------------------------------------
@@ -148,12 +160,10 @@ def start_vllm(model_dir: str) -> Any:
 def run_vllm(url: str, cats: list[Category], tool_choice: str, max_tokens: int) -> dict[str, Any]:
     import httpx
 
-    jobs = [(cat, rec) for cat in cats for rec in cat.records]
-
     def one(job: tuple[Category, Record]) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
         cat, rec = job
         tools = [t.openai() for t in record_tools(rec)]
-        messages = _inject([dict(m) for m in rec.messages], tools)  # the same prompt as (a) and (b)
+        messages = inject_tools(rec.messages, tools)  # the same prompt as (a) and (b)
         body = {"model": "smollm2", "messages": messages, "tools": tools, "tool_choice": tool_choice,
                 "parallel_tool_calls": cat.parallel, "temperature": 0, "max_tokens": max_tokens}
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
@@ -169,18 +179,20 @@ def run_vllm(url: str, cats: list[Category], tool_choice: str, max_tokens: int) 
             calls.append((tc["function"]["name"], args))
         return calls, True
 
-    t0 = time.perf_counter()
+    run = _new_run()
+    one((cats[0], cats[0].records[0]))  # warm-up, untimed
     with ThreadPoolExecutor(8) as pool:
-        outs = list(pool.map(one, jobs))
-    wall = time.perf_counter() - t0
-    per_cat: dict[str, list[bool]] = {}
-    valid = invalid = ncalls = 0
-    for (cat, rec), (calls, ok) in zip(jobs, outs, strict=True):
-        valid += ok
-        invalid += not ok
-        ncalls += len(calls)
-        per_cat.setdefault(cat.name, []).append(check_calls(calls, rec, cat))
-    return {"per_cat": per_cat, "valid": valid, "invalid": invalid, "calls": ncalls, "wall": wall}
+        for cat in cats:
+            t0 = time.perf_counter()
+            outs = list(pool.map(one, [(cat, rec) for rec in cat.records]))
+            run["wall"][cat.name] = time.perf_counter() - t0
+            checks, ncalls = [], 0
+            for rec, (calls, ok) in zip(cat.records, outs, strict=True):
+                run["valid" if ok else "invalid"] += 1
+                ncalls += len(calls)
+                checks.append(check_calls(calls, rec, cat))
+            run["per_cat"][cat.name], run["calls"][cat.name] = checks, ncalls
+    return run
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -192,6 +204,13 @@ def summary(run: dict[str, Any], cats: list[Category]) -> tuple[float, float]:
     call = [acc(run["per_cat"][c.name]) for c in cats if not c.irrelevance]
     irr = [acc(run["per_cat"][c.name]) for c in cats if c.irrelevance]
     return (sum(call) / len(call) if call else 0.0), (sum(irr) / len(irr) if irr else float("nan"))
+
+
+def call_rate(run: dict[str, Any], cats: list[Category]) -> float:
+    """Calls per second of wall time on the call categories' questions."""
+    names = [c.name for c in cats if not c.irrelevance]
+    wall = sum(run["wall"][n] for n in names)
+    return sum(run["calls"][n] for n in names) / wall if wall > 0 else float("nan")
 
 
 def default_dir() -> Path:
@@ -235,23 +254,25 @@ def main() -> None:
         finally:
             srv.stop()
     print(f"\nvLLM: {version or 'not run'} (tool parser xlam)")
-    header = f"{'category':<20}" + "".join(f"{k:>16}" for k in runs)
-    print(header)
+    print(f"{'category':<20}" + "".join(f"{k:>16}" for k in runs))
     for c in cats:
         print(f"{c.name:<20}" + "".join(f"{acc(r['per_cat'][c.name]):>16.3f}" for r in runs.values()))
     print(f"{'valid outputs':<20}"
           + "".join(f"{r['valid'] / (r['valid'] + r['invalid']):>16.3f}" for r in runs.values()))
-    print(f"{'calls':<20}" + "".join(f"{r['calls']:>16d}" for r in runs.values()))
-    print(f"{'wall s':<20}" + "".join(f"{r['wall']:>16.1f}" for r in runs.values()))
+    print(f"{'cut by max_tokens':<20}" + "".join(f"{r['truncated']:>16d}" for r in runs.values()))
+    print(f"{'calls':<20}" + "".join(f"{sum(r['calls'].values()):>16d}" for r in runs.values()))
+    print(f"{'wall s':<20}" + "".join(f"{sum(r['wall'].values()):>16.1f}" for r in runs.values()))
+    print(f"{'calls/s (call cats)':<20}" + "".join(f"{call_rate(r, cats):>16.3f}" for r in runs.values()))
     a, a_irr = summary(runs["structgen"], cats)
     b, b_irr = summary(runs["unconstrained"], cats)
     vl = [summary(runs[k], cats) for k in ("vllm_auto", "vllm_required") if k in runs]
     v = max((x[0] for x in vl), default=float("nan"))
-    sg_rate = runs["structgen"]["calls"] / runs["structgen"]["wall"]
     ratio = float("nan")
-    if "vllm_auto" in runs and runs["vllm_auto"]["calls"]:
-        ratio = sg_rate / (runs["vllm_auto"]["calls"] / runs["vllm_auto"]["wall"])
+    if "vllm_required" in runs:  # vLLM's call-making mode, the same questions
+        ratio = call_rate(runs["structgen"], cats) / call_rate(runs["vllm_required"], cats)
     s = runs["structgen"]
+    for line in s["why"]:
+        print("structgen invalid:", line)
     print(f"irrelevance: structgen {a_irr:.3f}, unconstrained {b_irr:.3f}, vllm "
           + ", ".join(f"{x[1]:.3f}" for x in vl))
     with open("/proc/loadavg") as fh:
@@ -259,7 +280,6 @@ def main() -> None:
     print(f"RESULT valid_call_rate={s['valid'] / (s['valid'] + s['invalid']):.3f} accuracy={a:.3f} "
           f"accuracy_unconstrained={b:.3f} accuracy_vllm={v:.3f} irrelevance_accuracy={a_irr:.3f} "
           f"calls_per_s_ratio={ratio:.3f}")
-
 
 if __name__ == "__main__":
     main()

@@ -36,7 +36,7 @@ from typing import Any
 
 from structgen.contract.chat_template import ChatTemplate
 
-__all__ = ["FORMATS", "INJECTED", "ToolFormat", "detect_format", "injected_system_text", "tools_template"]
+__all__ = ["FORMATS", "INJECTED", "ToolFormat", "detect_format", "inject_tools", "injected_system_text", "tools_template"]
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,9 @@ def injected_system_text(tools: Sequence[dict[str, Any]]) -> str:
             "\"argument2\": \"value2\"}}, ... (more tool calls as required)]</tool_call>")
 
 
-def _inject(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def inject_tools(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with the ``structgen`` tool block at the end of the system turn (one is
+    added first when there is none): the prompt the injected format renders."""
     block = injected_system_text(tools)
     out = [dict(m) for m in messages]
     if out and out[0].get("role") == "system":
@@ -163,7 +165,7 @@ def _tools_template(template: ChatTemplate) -> tuple[ChatTemplate, ToolFormat]:
         return base.render(messages)
 
     def render_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
-        return base.render(_inject(messages, tools))
+        return base.render(inject_tools(messages, tools))
 
     return ChatTemplate(render, name=f"{template.name} + structgen tools", render_tools=render_tools,
                         source=template.source), fmt
