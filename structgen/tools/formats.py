@@ -36,7 +36,8 @@ from typing import Any
 
 from structgen.contract.chat_template import ChatTemplate
 
-__all__ = ["FORMATS", "INJECTED", "ToolFormat", "detect_format", "inject_tools", "injected_system_text", "tools_template"]
+__all__ = ["FORMATS", "INJECTED", "ToolFormat", "detect_format", "inject_tools", "injected_system_text",
+           "tools_template"]
 
 
 @dataclass(frozen=True)
