@@ -346,7 +346,13 @@ def test_unknown_keywords_keep_a_schema_plain():
     # keys no draft and not the engine give a meaning: both ignore them
     assert scan_schema({"type": "object", "properties": {"a": {"type": "string", "x-k8s": {"not": {}},
                                                                 "readonly": True, "_format": "x"}}}, 2020).plain
-    assert scan_schema({"type": "string", "id": "x"}, 6).plain is False  # draft-04's base URI keyword
+    # draft-04's base URI keyword (unknown later) moves only where $refs resolve: plain without $refs
+    assert scan_schema({"type": "string", "id": "x"}, 6).plain
+    assert scan_schema({"type": "string", "id": "x"}, 4).plain
+    with_ref = {"id": "x", "definitions": {"a": {"type": "string"}}, "$ref": "#/definitions/a"}
+    assert scan_schema(with_ref, 6).plain is False
+    assert scan_schema({"properties": {"a": {"id": "y", "type": "string"}, "b": {"$ref": "#/properties/a"}}},
+                       2020).plain is False
     for meaningful in ({"not": {}}, {"$ref": "other.json#/a"}, {"$ref": "#/definitions/a~1b"},
                        {"x-guidance": {"lenient": True}}, {"oneOf": [{}]},
                        {"uniqueItems": True}, {"dependencies": {"a": ["b"]}}, {"format": "int32"}):

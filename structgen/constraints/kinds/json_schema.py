@@ -233,7 +233,8 @@ def _build(schema: Any, model: Any, whitespace: Literal["compact", "flexible"], 
     from structgen.constraints.schema.prepare import prepare_schema
 
     try:
-        prepare_schema(text)  # the draft's meta-schema rules and the offline rule (kept for the compile)
+        # the draft's meta-schema rules and the offline rule (kept for the compile)
+        prepare_schema(text, parsed=schema_obj)
     except RecursionError:
         raise ConstraintError("json_schema is nested too deeply to check", constraint=_shown(schema_obj)) from None
     key = (text, strict)
@@ -241,6 +242,7 @@ def _build(schema: Any, model: Any, whitespace: Literal["compact", "flexible"], 
         closed = close_schema(schema_obj)
         if closed != schema_obj:
             text = json.dumps(closed, separators=(",", ":"), allow_nan=False)
+            prepare_schema(text, parsed=closed)  # what the compile prepares: ready for it
     with _checked_lock:
         _checked[key] = text
         while len(_checked) > 512:

@@ -34,9 +34,19 @@ def validator_class(schema: Any) -> type[Any]:
 
     An unknown ``$schema`` URI falls back to 2020-12 (jsonschema would only warn).
     """
-    if isinstance(schema, dict) and not isinstance(schema.get("$schema", ""), str):
+    uri = schema.get("$schema", "") if isinstance(schema, dict) else ""
+    if not isinstance(uri, str):
         raise ConstraintError("$schema must be a string", constraint=dump_schema(schema))
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = _validator_classes.get(uri)
+    if cls is None:  # jsonschema's lookup is pure but not cheap: once per URI
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        if len(_validator_classes) < 256:
+            _validator_classes[uri] = cls
+    return cls
+
+
+#: ``$schema`` URI ("" when absent) -> validator class
+_validator_classes: dict[str, type[Any]] = {}
 
 
 #: validator class -> draft number (2020 for 2020-12 and anything newer)

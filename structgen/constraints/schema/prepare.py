@@ -31,24 +31,35 @@ __all__ = ["PreparedSchema", "prepare_schema"]
 
 #: prepared schemas kept by their JSON text
 CACHE_SIZE = 256
+_UNSET: Any = object()
 
 
 class PreparedSchema:
     """A checked schema, ready to compile. Its normalised form is computed once, on demand."""
 
     def __init__(self, schema: Any, text: str | None, draft: int, scan: Scan):
-        self.schema = schema
+        #: the parsed schema, or ``None`` until first read when the text was given (a plain
+        #: schema goes to the engine as its text: it is never parsed twice)
+        self._schema = schema
         #: the schema's JSON text when it came as text (engines parse it faster than a dict)
         self.text = text
         self.draft = draft
         #: only keywords the engine enforces exactly with the validator's meaning: the
         #: schema may be compiled as it is, without normalising
-        self.plain = scan.plain and isinstance(schema, dict)
+        self.plain = scan.plain and (schema is None or isinstance(schema, dict))
         self.nodes = scan.nodes
         self.widest_optional = scan.widest_optional
         self.enum_values = scan.enum_values
         self._normalized: Normalized | None = None
         self._lock = threading.Lock()
+
+    @property
+    def schema(self) -> Any:
+        """The schema (parsed from :attr:`text` on first use when it came as text)."""
+        if self._schema is None:
+            assert self.text is not None
+            self._schema = json.loads(self.text)
+        return self._schema
 
     @property
     def normalized(self) -> Normalized:
@@ -66,13 +77,17 @@ class PreparedSchema:
             return self._normalized
 
 
-def prepare_schema(schema: Any) -> PreparedSchema:
+def prepare_schema(schema: Any, *, parsed: Any = _UNSET) -> PreparedSchema:
     """Check ``schema`` (JSON text, a dict or a bool) and return it prepared for compiling.
 
     Raises :class:`ConstraintError` for text that is not JSON, a value that is not a
     schema, a meta-schema violation (with its JSON path), a ``$ref`` outside the document,
     or a schema that provably admits no value. JSON text is prepared once (an LRU keyed
     by the text; a failure is not kept).
+
+    ``parsed``: with text, the value the text was dumped from (``json.dumps(parsed) ==
+    schema``), checked in place of parsing the text again; it is only read during the
+    call, never kept.
     """
     if isinstance(schema, bytes):
         schema = schema.decode("utf-8", "surrogatepass")
@@ -83,11 +98,13 @@ def prepare_schema(schema: Any) -> PreparedSchema:
         if hit is not None:
             _cache.move_to_end(schema)
             return hit
-    try:
-        parsed = json.loads(schema)
-    except ValueError as exc:
-        raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=schema[:300]) from exc
-    prepared = _prepare(parsed, schema)
+    prepared = None if parsed is _UNSET else _prepare_given(parsed, schema)
+    if prepared is None:
+        try:
+            parsed = json.loads(schema)
+        except ValueError as exc:
+            raise ConstraintError(f"json_schema is not valid JSON: {exc}", constraint=schema[:300]) from exc
+        prepared = _prepare(parsed, schema)
     with _cache_lock:
         _cache[schema] = prepared
         while len(_cache) > CACHE_SIZE:
@@ -97,6 +114,21 @@ def prepare_schema(schema: Any) -> PreparedSchema:
 
 _cache: OrderedDict[str, PreparedSchema] = OrderedDict()
 _cache_lock = threading.Lock()
+
+
+def _prepare_given(value: Any, text: str) -> PreparedSchema | None:
+    """``value`` (what ``text`` was dumped from) prepared without parsing ``text``, when
+    that is sure to be what the text says: a value JSON text can hold other than
+    it holds (a tuple, a key that is not a string) fails the scan or matters only to
+    ``$ref`` s, so a problem or a ``$ref`` returns ``None`` (the caller parses the text)."""
+    if not isinstance(value, dict):
+        return None
+    cls = validator_class(value)
+    draft = DRAFT_NUMBERS.get(cls, 2020)
+    scan = scan_schema(value, draft)
+    if scan.problem is not None or scan.refs:
+        return None
+    return PreparedSchema(None, text, draft, scan)  # the schema itself: parsed from the text if needed
 
 
 def _prepare(schema: Any, text: str | None) -> PreparedSchema:
