@@ -117,18 +117,24 @@ _cache_lock = threading.Lock()
 
 
 def _prepare_given(value: Any, text: str) -> PreparedSchema | None:
-    """``value`` (what ``text`` was dumped from) prepared without parsing ``text``, when
-    that is sure to be what the text says: a value JSON text can hold other than
-    it holds (a tuple, a key that is not a string) fails the scan or matters only to
-    ``$ref`` s, so a problem or a ``$ref`` returns ``None`` (the caller parses the text)."""
+    """``value`` (what ``text`` was dumped from) prepared without parsing ``text`` first.
+
+    The meta-schema walk reads ``value``: a value JSON text holds otherwise (a tuple, a
+    key that is not a string) fails it (``None``: the caller parses the text and checks
+    that) or only changes what a ``$ref`` resolves to -- so ``$ref`` s are checked on the
+    text's own parse."""
     if not isinstance(value, dict):
         return None
     cls = validator_class(value)
     draft = DRAFT_NUMBERS.get(cls, 2020)
     scan = scan_schema(value, draft)
-    if scan.problem is not None or scan.refs:
+    if scan.problem is not None:
         return None
-    return PreparedSchema(None, text, draft, scan)  # the schema itself: parsed from the text if needed
+    if not scan.refs:
+        return PreparedSchema(None, text, draft, scan)  # parsed from the text if ever needed
+    schema = json.loads(text)
+    _check_refs(schema, draft, scan)
+    return PreparedSchema(schema, text, draft, scan)
 
 
 def _prepare(schema: Any, text: str | None) -> PreparedSchema:
@@ -143,6 +149,12 @@ def _prepare(schema: Any, text: str | None) -> PreparedSchema:
         message, path = scan.problem
         raise ConstraintError(f"malformed JSON schema ({cls.__name__}): {message} at {error_path(path)}",
                               constraint=dump_schema(schema))
+    _check_refs(schema, draft, scan)
+    return PreparedSchema(schema, text, draft, scan)
+
+
+def _check_refs(schema: Any, draft: int, scan: Scan) -> None:
+    """Only references inside the document, and no cycle that no finite value ends."""
     for ref in scan.refs:
         if not ref.startswith("#"):
             raise ConstraintError(
@@ -151,4 +163,3 @@ def _prepare(schema: Any, text: str | None) -> PreparedSchema:
     if scan.refs and unsatisfiable_refs(schema, draft):
         raise ConstraintError("the JSON schema admits no value: its $refs form a cycle that no finite "
                               'value ends (like {"$ref": "#"})', constraint=dump_schema(schema))
-    return PreparedSchema(schema, text, draft, scan)
