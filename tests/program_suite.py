@@ -157,6 +157,7 @@ def _check_agent_run(st, var, tool_names):
     assert st[var] == (res.answer or "")
     if res.stopped == "answer":
         assert "<tool_call>" not in res.answer
+        _shown(res.answer, "the agent's answer")
     for step in res.steps:
         turn = st.value(step.variable)
         assert [c.name for c in turn.calls] == [c.tool for c in step.calls]
@@ -197,6 +198,9 @@ def check_subagents(backend):
     assert len(st["findings"]) == 3 and all(isinstance(f, str) for f in st["findings"])
     assert all(1 <= n <= 2 for n in st["steps"])
     assert "\n" not in st["summary"]
+    for topic, finding in zip(topics, st["findings"], strict=True):
+        _shown(finding, f"the finding on {topic}")
+    _shown(st["summary"], "summary")
 
 
 def check_mcp_agent(backend):
