@@ -6,13 +6,14 @@
 * :class:`Scheduler` -- cache-aware continuous batching with eviction and preemption;
   it returns a :class:`Batch` per forward pass and keeps :class:`SchedulerStats`.
 
-Errors are :class:`KVCacheError` (API misuse) and :class:`KVCapacityError` (a sequence
-larger than the whole pool), both :class:`structgen.errors.BackendError`.
+Errors are :class:`KVCacheError` (API misuse), :class:`KVCapacityError` (a sequence
+larger than the whole pool) and :class:`ContextLengthError` (a prompt that fills the
+model's context), all :class:`structgen.errors.BackendError`.
 """
 
 from structgen.runtime.batch import Batch, BatchEntry
 from structgen.runtime.block_pool import BlockPool, blocks_for_tokens
-from structgen.runtime.errors import KVCacheError, KVCapacityError
+from structgen.runtime.errors import ContextLengthError, KVCacheError, KVCapacityError
 from structgen.runtime.radix_cache import (
     InsertResult,
     MatchResult,
@@ -27,6 +28,7 @@ __all__ = [
     "Batch",
     "BatchEntry",
     "BlockPool",
+    "ContextLengthError",
     "InsertResult",
     "KVCacheError",
     "KVCapacityError",

@@ -7,6 +7,8 @@ The runtime's error contract:
   prefixes, queues, or preempts. Exhaustion never reaches the user.
 * :class:`KVCapacityError` is raised (or attached to a finished sequence) only when a
   single sequence cannot fit in the whole KV pool even when it runs alone.
+* :class:`ContextLengthError` is raised on admission when a prompt leaves no room in the
+  model's context for a single generated token.
 * :class:`KVCacheError` itself signals misuse of the bookkeeping API (double free,
   unlocking an unlocked node, mismatched lengths): a bug in the caller.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from structgen.errors import BackendError
 
-__all__ = ["KVCacheError", "KVCapacityError"]
+__all__ = ["ContextLengthError", "KVCacheError", "KVCapacityError"]
 
 _BACKEND = "runtime"
 
@@ -41,3 +43,19 @@ class KVCapacityError(KVCacheError):
             f"sequence {seq_id!r} needs KV for {needed_tokens} tokens but the pool holds "
             f"only {capacity_tokens}; shorten the prompt or max_new_tokens, or enlarge the pool"
         )
+
+
+class ContextLengthError(BackendError):
+    """A prompt does not leave room for one generated token in the model's context.
+
+    ``prompt_tokens`` is the prompt's length; ``context_length`` the model's limit.
+    """
+
+    def __init__(self, seq_id: object, *, prompt_tokens: int, context_length: int) -> None:
+        self.seq_id = seq_id
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+        super().__init__(
+            f"sequence {seq_id!r}: a prompt of {prompt_tokens} tokens leaves no room in the "
+            f"model's context of {context_length} tokens; shorten the prompt",
+            backend=_BACKEND, retryable=False)

@@ -17,11 +17,16 @@ is shared with one already admitted to the same batch waits one step, so it reus
 that prefix instead of computing it again. Prompts are inserted into the radix tree
 after their prefill and whole sequences when they finish.
 
-Memory is never an error: when the pool is short the scheduler evicts unlocked cached
-prefixes, then stops admitting (prefill) or preempts the most recently admitted
-running sequence (decode). Only a sequence that cannot fit alone fails, with
-:class:`~structgen.runtime.errors.KVCapacityError` (raised by :meth:`Scheduler.add`
-when known up front, else attached to ``seq.error`` and listed in ``batch.failed``).
+Admission is by need: a sequence takes KV for its prompt, then one slot per token as it
+grows -- never a reservation for the most it may generate, so a generous
+``max_new_tokens`` costs nothing until used. Memory is never an error: when the pool is
+short the scheduler evicts unlocked cached prefixes, then stops admitting (prefill) or
+preempts the most recently admitted running sequence (decode). Only a sequence that
+cannot fit alone fails, with :class:`~structgen.runtime.errors.KVCapacityError` (raised
+by :meth:`Scheduler.add` for a prompt larger than the pool, else attached to
+``seq.error`` and listed in ``batch.failed`` when it outgrows the pool), and a prompt
+that fills the model's context (``max_context``) is refused by :meth:`Scheduler.add`
+with :class:`~structgen.runtime.errors.ContextLengthError`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Literal
 
 from structgen.runtime.batch import Batch, BatchEntry
 from structgen.runtime.block_pool import BlockPool
-from structgen.runtime.errors import KVCacheError, KVCapacityError
+from structgen.runtime.errors import ContextLengthError, KVCacheError, KVCapacityError
 from structgen.runtime.radix_cache import RadixCache
 from structgen.runtime.seq_state import SeqState, SequenceStatus
 from structgen.runtime.stats import SchedulerStats
@@ -51,6 +56,8 @@ class SchedulerConfig:
     ``in_batch_prefix_threshold``: shared uncached tokens that make a sequence wait for
     a batch-mate's prefix (0 turns this off). ``lpm_max_waiting``: above this many
     waiting sequences LPM falls back to FCFS (matching every prompt gets costly).
+    ``max_context``: positions one sequence may use (the model's context length); a
+    prompt of that many tokens or more is refused (None: no limit).
     """
 
     max_running_seqs: int = 256
@@ -59,6 +66,7 @@ class SchedulerConfig:
     starvation_limit: int = 8
     in_batch_prefix_threshold: int = 32
     lpm_max_waiting: int = 256
+    max_context: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running_seqs", "max_prefill_tokens", "starvation_limit",
@@ -67,6 +75,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.in_batch_prefix_threshold < 0:
             raise ValueError("in_batch_prefix_threshold must be >= 0")
+        if self.max_context is not None and self.max_context < 2:
+            raise ValueError(f"max_context must be >= 2 or None, got {self.max_context!r}")
         if self.policy not in ("lpm", "fcfs"):
             raise ValueError(f"policy must be 'lpm' or 'fcfs', got {self.policy!r}")
 
@@ -101,10 +111,14 @@ class Scheduler:
 
     # -- public state changes ----------------------------------------------------------------
     def add(self, seq: SeqState) -> None:
-        """Queue a WAITING sequence. Raises :class:`KVCapacityError` if it can never fit."""
+        """Queue a WAITING sequence. Raises :class:`ContextLengthError` if its prompt fills
+        the context, :class:`KVCapacityError` if the prompt alone exceeds the pool."""
         if seq.status is not SequenceStatus.WAITING or seq.arrival >= 0:
             raise KVCacheError(f"sequence {seq.seq_id!r} was already added")
-        needed = seq.num_tokens + max((seq.max_new_tokens or 1) - 1, 0)
+        limit = self.config.max_context
+        if limit is not None and seq.num_tokens >= limit:
+            raise ContextLengthError(seq.seq_id, prompt_tokens=seq.num_tokens, context_length=limit)
+        needed = seq.num_tokens
         if self.pool.blocks_for(needed) > self.pool.num_blocks:
             raise KVCapacityError(seq.seq_id, needed_tokens=needed,
                                   capacity_tokens=self.pool.capacity_tokens)

@@ -7,10 +7,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from structgen.runtime.errors import KVCacheError
+from structgen.errors import BackendError
 from structgen.runtime.radix_cache import RadixNode
 
-__all__ = ["Sequence", "SequenceStatus"]
+__all__ = ["SeqState", "SequenceStatus"]
 
 
 class SequenceStatus(enum.Enum):
@@ -34,8 +34,6 @@ class SeqState:
     seq_id: Hashable
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
-    #: upper bound on generated tokens, used only to reject sequences that cannot fit
-    max_new_tokens: int | None = None
     payload: Any = None
     status: SequenceStatus = SequenceStatus.WAITING
     #: the locked radix node ending the reused prefix (None while not running)
@@ -58,7 +56,7 @@ class SeqState:
     #: FCFS order, set by the scheduler on :meth:`Scheduler.add`
     arrival: int = -1
     finish_reason: str | None = None
-    error: KVCacheError | None = None
+    error: BackendError | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -8,9 +8,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from structgen.errors import BackendError
 from structgen.runtime import (
     Batch,
     BlockPool,
+    ContextLengthError,
     KVCacheError,
     KVCapacityError,
     RadixCache,
@@ -241,8 +243,6 @@ def test_sequence_that_cannot_fit_alone() -> None:
     with pytest.raises(KVCapacityError) as err:
         sched.add(SeqState("long", list(range(17))))
     assert err.value.needed_tokens == 17 and err.value.capacity_tokens == 16
-    with pytest.raises(KVCapacityError):
-        sched.add(SeqState("budgeted", list(range(10)), max_new_tokens=8))
     grows, ok = SeqState("grows", list(range(10))), SeqState("ok", [1, 2])
     sched.add(grows)
     sched.add(ok)
@@ -261,6 +261,33 @@ def test_sequence_that_cannot_fit_alone() -> None:
     assert grows.finish_reason == "error" and grows.num_tokens == 17
     assert ok.is_finished and ok.error is None
     assert sched.stats.failed == 1
+
+
+def test_admission_is_by_need_not_by_max_new_tokens() -> None:
+    """Issue 13 item 13: nothing is reserved for tokens a sequence may never generate.
+    A 10-token prompt in a 16-slot pool is admitted whatever its max_new_tokens, grows a
+    slot per token, and finishes when its (short) answer ends."""
+    sched = make_sched(num_blocks=4, page_size=4)
+    seq = SeqState("generous", list(range(10)))  # e.g. max_new_tokens=10_000, answer of 3
+    sched.add(seq)
+    for _ in range(3):
+        batch = sched.schedule()
+        assert not batch.failed and batch.seqs == [seq]
+        sched.append(seq, 0)
+    sched.finish(seq)
+    assert seq.error is None and seq.num_output_tokens == 3 and not sched.has_work
+
+
+def test_a_prompt_that_fills_the_context_is_refused() -> None:
+    sched = make_sched(max_context=8)
+    with pytest.raises(ContextLengthError) as err:
+        sched.add(SeqState("long", list(range(8))))
+    assert err.value.prompt_tokens == 8 and err.value.context_length == 8
+    assert isinstance(err.value, BackendError)
+    sched.add(SeqState("fits", list(range(7))))  # room for one generated token
+    assert sched.has_work
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_context=1)
 
 
 def test_abort_a_waiting_sequence() -> None:
@@ -309,20 +336,18 @@ def test_every_sequence_finishes_within_budget(w: dict) -> None:
     targets: dict[object, int] = {}
     added: list[SeqState] = []
     arrivals: dict[int, list[SeqState]] = {}
-    for i, (pi, extra, out, declare, arrive) in enumerate(w["seqs"]):
+    for i, (pi, extra, out, _declare, arrive) in enumerate(w["seqs"]):
         prefixes = w["prefixes"]
         prompt = prefixes[pi % len(prefixes)] + [100 + i] * extra
-        seq = SeqState(i, prompt, max_new_tokens=out if declare else None)
+        seq = SeqState(i, prompt)
         targets[i] = out
         arrivals.setdefault(arrive, []).append(seq)
 
     def add(seq: SeqState) -> None:
         try:
             sched.add(seq)
-        except KVCapacityError:
-            assert seq.max_new_tokens is not None or seq.num_tokens > capacity
-            assert pool.blocks_for(seq.num_tokens + max(seq.max_new_tokens or 1, 1) - 1) \
-                > pool.num_blocks
+        except KVCapacityError:  # only a prompt larger than the pool is refused up front
+            assert seq.num_tokens > capacity
         else:
             added.append(seq)
 
@@ -367,7 +392,7 @@ def test_every_sequence_finishes_within_budget(w: dict) -> None:
             assert seq.num_output_tokens == targets[seq.seq_id]
         else:
             assert isinstance(seq.error, KVCapacityError)
-            assert seq.max_new_tokens is None and pool.blocks_for(seq.num_tokens) > pool.num_blocks
+            assert pool.blocks_for(seq.num_tokens) > pool.num_blocks
     assert sched.cache.protected_tokens == 0
     assert pool.num_used == len(sched.cache.blocks())
     st_ = sched.stats
