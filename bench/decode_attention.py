@@ -5,8 +5,8 @@ one step decodes one token for each. Three ways, timed interleaved in this proce
 
 * ``hf``: transformers' ``LlamaForCausalLM`` with a ``DynamicCache`` holding a copy of
   the prefix per sequence (what batching through transformers does);
-* ``plain``: :class:`LlamaModel` where each sequence gathers its slots (prefix included);
-* ``cascade``: :class:`LlamaModel` with shared-prefix attention (prefix KV read once).
+* ``plain``: :class:`DecoderModel` where each sequence gathers its slots (prefix included);
+* ``cascade``: :class:`DecoderModel` with shared-prefix attention (prefix KV read once).
 
     .venv/bin/python bench/decode_attention.py [--batches 1,8,32] [--reps 5]
 
@@ -23,8 +23,8 @@ import time
 import torch
 from transformers import DynamicCache
 
-from structgen.backends.embedded.llama import LlamaModel, SeqInput
 from structgen.backends.embedded.loader import load_model
+from structgen.backends.embedded.model import DecoderModel, SeqInput
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     lm = load_model(dtype=dtype)
     hf = lm.model
-    model = LlamaModel.from_hf(hf)
+    model = DecoderModel.from_hf(hf)
     vocab = hf.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(100, vocab, (args.prefix,), generator=gen).tolist()
@@ -66,7 +66,7 @@ def main() -> None:
     def hf_step(b: int):
         with torch.inference_mode():
             cache = DynamicCache(config=hf.config)
-            for layer, src in zip(cache.layers, pre.layers):
+            for layer, src in zip(cache.layers, pre.layers, strict=True):
                 k = src.keys.expand(b, -1, -1, -1).contiguous()
                 v = src.values.expand(b, -1, -1, -1).contiguous()
                 layer.lazy_initialization(k, v)

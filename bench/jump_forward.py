@@ -88,7 +88,7 @@ def main() -> None:
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.backends.embedded.engine import Engine, EngineConfig
 
-    be = EmbeddedBackend(batched=False)  # loads the model; engines below share its weights
+    be = EmbeddedBackend()  # loads the model; the engines below share its weights
     schemas = pick_schemas(Path(args.dir), args.schemas, be)
     if not schemas:
         raise SystemExit(f"no usable Glaiveai2K schemas under {args.dir}")
@@ -98,7 +98,7 @@ def main() -> None:
         prompt = tpl.render([{"role": "user", "content": prompt_for(args.task, schema, instance)}]) \
             + tpl.role("assistant", [{"role": "user", "content": "x"}]).prefix
         reqs.append(GenerateRequest(prompt, SamplingParams(max_new_tokens=args.max_tokens), json_schema_spec(schema)))
-    model = be.runner().model
+    model = be.hf_model
     engines = {"on": Engine(model, EngineConfig(jump_forward=True)),
                "off": Engine(model, EngineConfig(jump_forward=False))}
     totals = {k: {"passes": 0, "time": 0.0, "forced": 0, "tokens": 0, "drafted": 0, "accepted": 0}

@@ -131,7 +131,7 @@ def main() -> None:
     from structgen.backends.embedded.engine import EngineConfig
 
     on = EmbeddedBackend(dtype=args.dtype)
-    print(f"structgen dtype {on.runner().model.dtype}", flush=True)
+    print(f"structgen dtype {on.hf_model.dtype}", flush=True)
     off = EmbeddedBackend(engine=EngineConfig(prefix_cache=False), dtype=args.dtype)
     prefix = build_prefix(on.tokenizer)
     items = [{"prefix": prefix, "doc": d} for d in documents(args.docs)]

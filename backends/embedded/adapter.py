@@ -1,31 +1,29 @@
 """The embedded backend: a real small model in-process (CPU, or CUDA when present).
 
 The default backend. It serves the whole :class:`~structgen.contract.backend.Backend` contract:
-constrained generation (regex, JSON schema, choices, grammar via the llguidance engine in
+constrained generation (regex, JSON schema, choices, grammar via the constraint engines in
 :mod:`structgen.constraints`), ``select`` by prompt log-probabilities, streaming, and KV
-reuse between the steps of a program (:class:`PrefixCache`).
+reuse between the steps of a program, forks and batch items (a radix prefix cache).
 
-Decoding, one request at a time under a lock (a continuous-batching scheduler can later
-drive the same pieces): :class:`ModelRunner` runs the model, :class:`GenSequence` samples,
-applies the constraint and checks stops. The constraint's bitmask for step ``t+1`` is
-computed in a worker thread while the model runs step ``t`` (llguidance releases the
-GIL, torch too), so constrained decoding costs about the same per token as free decoding.
+This module only translates: each request becomes a
+:class:`~structgen.backends.embedded.generation.GenSequence` (sampling, constraint, stops,
+streaming) over token ids, and one decode engine
+(:class:`~structgen.backends.embedded.protocol.DecodeEngine`, implemented by the batched
+:class:`~structgen.backends.embedded.engine.Engine`) runs them -- requests from every
+thread decode together.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from structgen.backends.embedded.engine import Engine, EngineConfig
+from structgen.backends.embedded.generation import GenSequence
 from structgen.backends.embedded.loader import load_model
-from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
-from structgen.backends.embedded.runner import ModelRunner
-from structgen.backends.embedded.sequence import GenSequence
+from structgen.backends.embedded.protocol import DecodeEngine
 from structgen.constraints.spec import ConstraintSpec
 from structgen.contract.backend import (
     Backend,
@@ -64,6 +62,8 @@ def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
             dtype = getattr(torch, dtype)
         except AttributeError:
             raise BackendError(f"unknown dtype {dtype!r}", backend="embedded") from None
+    if not isinstance(dtype, torch.dtype):
+        raise BackendError(f"unknown dtype {dtype!r}", backend="embedded")
     return dtype
 
 
@@ -83,22 +83,17 @@ def cpu_has_native_bf16() -> bool:
 
 
 class EmbeddedBackend(Backend):
-    """SmolLM2-135M-Instruct (or any local HF causal LM / ``.gguf`` / hub id) in-process.
+    """SmolLM2-135M-Instruct (or any local HF causal LM / ``.gguf`` / hub id of a family
+    the engine runs: Llama, Mistral, Qwen2, Qwen3) in-process.
 
     ``device="auto"`` picks CUDA when available, else CPU; ``dtype=None`` picks float32 on
     CPU and bfloat16 (float16) on CUDA. ``dtype="auto"`` also picks bfloat16 on a CPU that
-    computes it natively (AVX512-BF16 / AMX): faster there (P2), but bf16 logits depend on
+    computes it natively (AVX512-BF16 / AMX): faster there, but bf16 logits depend on
     the batch's shape, so greedy outputs may then differ between a sequence decoded alone
     and in a batch, or with jump-forward on and off; float32 keeps them identical.
-    ``prefix_cache_entries`` / ``prefix_cache_tokens`` bound the KV kept for reuse between
-    program steps on the unbatched path.
-    ``overlap_mask=False`` computes constraint masks inline (for benchmarking the overlap).
-
-    ``batched=True`` (default, Llama-architecture models): requests from every thread,
-    fork and batch item decode together in one :class:`Engine` -- radix prefix cache,
-    continuous cache-aware scheduling, an owned forward pass with shared-prefix attention,
-    jump-forward over forced tokens; ``engine=EngineConfig(...)`` sets its KV budget and
-    switches. ``batched=False`` serves each request alone on transformers' own cache.
+    ``engine=EngineConfig(...)`` sets the engine's KV budget and switches (prefix cache,
+    jump-forward, batch limits). A model the engine cannot run raises BackendError
+    naming what is missing.
     """
 
     name = "embedded"
@@ -107,25 +102,15 @@ class EmbeddedBackend(Backend):
         prefix_cache=True, streaming=True, sampling=_SAMPLING)
 
     def __init__(self, model: Any = None, *, device: str = "auto", dtype: Any = None,
-                 prefix_cache_entries: int = 8, prefix_cache_tokens: int = 16384,
-                 overlap_mask: bool = True, batched: bool = True,
                  engine: EngineConfig | None = None):
         self.device = _pick_device(device)
         loaded = load_model(model, device=self.device, dtype=_pick_dtype(dtype, self.device))
-        #: the batched engine (radix cache, continuous scheduler, owned forward); None runs
-        #: each request alone on transformers' cache (the reference path)
-        self._engine: Engine | None = None
-        # the owned forward pass covers Llama-architecture models; others run unbatched
-        if batched and getattr(loaded.model.config, "model_type", None) == "llama":
-            self._engine = Engine(loaded.model, engine or EngineConfig())
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
-        self._runner: ModelRunner | None = ModelRunner(
-            loaded.model, prefix_cache=PrefixCache(prefix_cache_entries, prefix_cache_tokens))
+        self.hf_model = loaded.model
+        #: the decode engine every request runs on (BackendError if it cannot run the model)
+        self._engine: DecodeEngine | None = Engine(loaded.model, engine or EngineConfig())
         self.vocab_size = int(loaded.model.get_output_embeddings().weight.shape[0])
-        self.overlap_mask = overlap_mask
-        self._lock = threading.RLock()
-        self._pool: ThreadPoolExecutor | None = None
         self._compiler: Any = None
         tok = self.tokenizer
         eos: set[int] = set()
@@ -141,20 +126,21 @@ class EmbeddedBackend(Backend):
         self.start_token_id = int(start if start is not None else 0)
 
     # -- small helpers --------------------------------------------------------------
-    def runner(self) -> ModelRunner:
-        if self._runner is None:
+    @property
+    def engine(self) -> DecodeEngine:
+        if self._engine is None:
             raise BackendError("backend is closed", backend=self.name)
-        return self._runner
+        return self._engine
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` exactly as written: no BOS or other added special tokens."""
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def _token_text(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False)
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
 
     def compile(self, spec: ConstraintSpec) -> Any:
         """Compile ``spec`` for this model's tokenizer (cached); ConstraintError if malformed."""
@@ -170,29 +156,15 @@ class EmbeddedBackend(Backend):
             raise ConstraintError(f"cannot compile constraint: {exc}",
                                   constraint=spec.describe()) from exc
 
-    def _mask_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="structgen-mask")
-        return self._pool
+    def _as_error(self, exc: BaseException, request: Any) -> StructgenError:
+        if isinstance(exc, StructgenError):
+            return exc.with_context(program=request.program, variable=request.variable)
+        err = BackendError(f"generation failed: {type(exc).__name__}: {exc}", backend=self.name,
+                           program=request.program, variable=request.variable)
+        err.__cause__ = exc
+        return err
 
     # -- generate ---------------------------------------------------------------------
-    def generate(self, requests: Sequence[GenerateRequest], *,
-                 on_text: TextCallback | None = None) -> list[GenerateResult | StructgenError]:
-        if self._engine is not None:
-            return self._generate_batched(requests, on_text)
-        results: list[GenerateResult | StructgenError] = []
-        for i, request in enumerate(requests):
-            try:
-                results.append(self._generate_one(i, request, on_text))
-            except StructgenError as exc:
-                results.append(exc.with_context(program=request.program, variable=request.variable))
-            except Exception as exc:
-                err = BackendError(f"generation failed: {type(exc).__name__}: {exc}", backend=self.name,
-                                   program=request.program, variable=request.variable)
-                err.__cause__ = exc
-                results.append(err)
-        return results
-
     def _sequence(self, index: int, request: GenerateRequest, on_text: TextCallback | None,
                   prefix: str = "") -> GenSequence:
         self.check_generate(request)
@@ -202,7 +174,7 @@ class EmbeddedBackend(Backend):
         emit = _emitter(index, on_text) if on_text is not None else None
         seq = GenSequence(request, prompt_ids + prefix_ids, decode=self._decode, eos_ids=self.eos_token_ids,
                           vocab=self.vocab_size, compiled=compiled, emit=emit,
-                          token_text=self._token_text)
+                          token_text=self._token_text, cancel=getattr(request, "cancel", None))
         if prefix_ids and (seq.matcher is None or not seq.matcher.consume_many(prefix_ids)):
             raise ConstraintError(f"the output prefix {prefix[:80]!r} is not valid under the constraint")
         return seq
@@ -215,19 +187,15 @@ class EmbeddedBackend(Backend):
         text is what follows the prefix."""
         if len(prefixes) != len(requests):
             raise ProgramError(f"{len(prefixes)} prefixes for {len(requests)} requests")
-        if self._engine is None:
-            out: list[GenerateResult | StructgenError] = []
-            for i, (request, prefix) in enumerate(zip(requests, prefixes)):
-                try:
-                    out.append(self._generate_one(i, request, None, prefix))
-                except Exception as exc:
-                    out.append(self._as_error(exc, request))
-            return out
-        return self._generate_batched(requests, None, prefixes)
+        return self._run(requests, None, prefixes)
 
-    def _generate_batched(self, requests: Sequence[GenerateRequest], on_text: TextCallback | None,
-                          prefixes: Sequence[str] | None = None) -> list[GenerateResult | StructgenError]:
+    def generate(self, requests: Sequence[GenerateRequest], *,
+                 on_text: TextCallback | None = None) -> list[GenerateResult | StructgenError]:
         """All requests (and those of concurrent callers) decode together in the engine."""
+        return self._run(requests, on_text, None)
+
+    def _run(self, requests: Sequence[GenerateRequest], on_text: TextCallback | None,
+             prefixes: Sequence[str] | None) -> list[GenerateResult | StructgenError]:
         results: list[GenerateResult | StructgenError | None] = [None] * len(requests)
         seqs: list[tuple[int, GenSequence]] = []
         for i, request in enumerate(requests):
@@ -235,75 +203,20 @@ class EmbeddedBackend(Backend):
                 seqs.append((i, self._sequence(i, request, on_text, prefixes[i] if prefixes else "")))
             except Exception as exc:
                 results[i] = self._as_error(exc, request)
-        engine = self._engine
-        if engine is None:
-            raise BackendError("backend is closed", backend=self.name)
-        outcomes = engine.generate([g for _, g in seqs]) if seqs else []
-        for (i, gen), (err, counters) in zip(seqs, outcomes):
+        outcomes = self.engine.generate([g for _, g in seqs]) if seqs else []
+        for (i, gen), outcome in zip(seqs, outcomes, strict=True):
             request = requests[i]
-            if err is not None:
-                results[i] = err.with_context(program=request.program, variable=request.variable)
+            if outcome.error is not None:
+                results[i] = outcome.error.with_context(program=request.program, variable=request.variable)
                 continue
             try:
-                results[i] = gen.result({"prompt_tokens": len(gen.prompt_ids), **counters})
+                results[i] = gen.result({"prompt_tokens": len(gen.prompt_ids), **outcome.counters})
             except Exception as exc:
                 results[i] = self._as_error(exc, request)
         return results  # type: ignore[return-value]
 
-    def _as_error(self, exc: BaseException, request: Any) -> StructgenError:
-        if isinstance(exc, StructgenError):
-            return exc.with_context(program=request.program, variable=request.variable)
-        err = BackendError(f"generation failed: {type(exc).__name__}: {exc}", backend=self.name,
-                           program=request.program, variable=request.variable)
-        err.__cause__ = exc
-        return err
-
     def warm(self, prefix: str) -> None:
-        if self._engine is not None:
-            self._engine.warm(self.encode(prefix))
-
-    def _generate_one(self, index: int, request: GenerateRequest,
-                      on_text: TextCallback | None, prefix: str = "") -> GenerateResult:
-        seq = self._sequence(index, request, on_text, prefix)
-        with self._lock:
-            meta = self._decode_loop(seq)
-        return seq.result(meta)
-
-    def _decode_loop(self, seq: GenSequence) -> dict[str, Any]:
-        """Prefill (reusing cached KV), then sample / accept / forward until finished."""
-        runner = self.runner()
-        meta: dict[str, Any] = {"prompt_tokens": len(seq.prompt_ids), "cached_tokens": 0}
-        if seq.finished:
-            return meta
-        pending = self._start_mask(seq)
-        try:
-            with torch.inference_mode():  # logits are inference tensors, edited in place
-                pre = runner.prefill(seq.prompt_ids)
-                meta["cached_tokens"] = pre.reused
-                logits = pre.logits
-                while True:
-                    if pending is not None:
-                        pending.result()
-                        pending = None
-                    token = seq.pick(logits)
-                    runner.counters.generated_tokens += 1
-                    if seq.accept(token):
-                        break
-                    pending = self._start_mask(seq)
-                    logits = runner.decode(pre.cache, token)  # overlaps with the mask thread
-        finally:
-            if pending is not None:
-                pending.exception()  # never leave the worker touching a dead matcher
-        runner.save(seq.kv_ids, pre.cache)
-        return meta
-
-    def _start_mask(self, seq: GenSequence) -> Future[None] | None:
-        if not seq.constrained:
-            return None
-        if not self.overlap_mask:
-            seq.compute_mask()
-            return None
-        return self._mask_pool().submit(seq.compute_mask)
+        self.engine.warm(self.encode(prefix))
 
     # -- select -----------------------------------------------------------------------
     def select(self, requests: Sequence[SelectRequest]) -> list[SelectResult | StructgenError]:
@@ -312,13 +225,8 @@ class EmbeddedBackend(Backend):
             try:
                 self.check_select(request)
                 results.append(self._select_one(request))
-            except StructgenError as exc:
-                results.append(exc.with_context(program=request.program, variable=request.variable))
             except Exception as exc:
-                err = BackendError(f"select failed: {type(exc).__name__}: {exc}", backend=self.name,
-                                   program=request.program, variable=request.variable)
-                err.__cause__ = exc
-                results.append(err)
+                results.append(self._as_error(exc, request))
         return results
 
     def choice_tokens(self, prompt: str, choices: Sequence[str]) -> tuple[list[int], list[list[int]], list[int]]:
@@ -337,40 +245,20 @@ class EmbeddedBackend(Backend):
     def _select_one(self, request: SelectRequest) -> SelectResult:
         if not request.choices:
             raise ProgramError("select needs at least one choice")
+        flag = getattr(request, "cancel", None)
+        if flag is not None and flag.cancelled:
+            raise flag.error() if hasattr(flag, "error") else BackendError("cancelled", backend=self.name)
         prompt_ids, fulls, starts = self.choice_tokens(request.prompt, request.choices)
         shared = min(starts)
-        choice_ids = [f[k:] for f, k in zip(fulls, starts)]
-        if self._engine is not None:
-            return self._select_batched(request, prompt_ids, fulls, starts, shared, choice_ids)
-        with self._lock:
-            runner = self.runner()
-            before = runner.counters.as_dict()
-            if shared > 0:
-                prefix, conts, skip = prompt_ids[:shared], [f[shared:] for f in fulls], shared
-            else:  # nothing before the choices: score them after the start-of-text token
-                prefix, conts, skip = [self.start_token_id], fulls, 0
-            scored = runner.score(prefix, conts)
-            cond = [lp[k - skip:] for lp, k in zip(scored, starts)]
-            uncond = None
-            if request.need_unconditional:
-                uncond = runner.score([self.start_token_id], choice_ids)
-            after = runner.counters.as_dict()
-        meta = {"prompt_tokens": len(prompt_ids), "choice_token_ids": choice_ids,
-                "cached_tokens": after["cached_tokens"] - before["cached_tokens"],
-                "computed_tokens": after["computed_tokens"] - before["computed_tokens"]}
-        return SelectResult(input_token_logprobs=cond, unconditional_token_logprobs=uncond, meta=meta)
-
-    def _select_batched(self, request: SelectRequest, prompt_ids: list[int], fulls: list[list[int]],
-                        starts: list[int], shared: int, choice_ids: list[list[int]]) -> SelectResult:
-        engine = self._engine
-        assert engine is not None
+        choice_ids = [f[k:] for f, k in zip(fulls, starts, strict=True)]
+        engine = self.engine
         before = engine.stats()
         if shared > 0:
             prefix, conts, skip = prompt_ids[:shared], [f[shared:] for f in fulls], shared
-        else:
+        else:  # nothing before the choices: score them after the start-of-text token
             prefix, conts, skip = [self.start_token_id], fulls, 0
         scored = engine.score(prefix, conts)
-        cond = [lp[k - skip:] for lp, k in zip(scored, starts)]
+        cond = [lp[k - skip:] for lp, k in zip(scored, starts, strict=True)]
         uncond = engine.score([self.start_token_id], choice_ids) if request.need_unconditional else None
         after = engine.stats()
         meta = {"prompt_tokens": len(prompt_ids), "choice_token_ids": choice_ids,
@@ -388,37 +276,29 @@ class EmbeddedBackend(Backend):
                             source=tok.chat_template if isinstance(tok.chat_template, str) else None)
 
     def stats(self) -> Mapping[str, Any]:
-        if self._engine is not None:
-            return self._engine.stats()
-        with self._lock:
-            if self._runner is None:
-                return {}
-            out: dict[str, Any] = self._runner.counters.as_dict()
-            out["prefix_cache_entries"] = len(self._runner.prefix_cache)
-            out["prefix_cache_tokens"] = self._runner.prefix_cache.tokens
-            return out
+        return self._engine.stats() if self._engine is not None else {}
 
     def clear_prefix_cache(self) -> None:
-        if self._engine is not None:
-            self._engine.clear_cache()
-        with self._lock:
-            if self._runner is not None:
-                self._runner.prefix_cache.clear()
+        self.engine.clear_cache()
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
-        with self._lock:
-            self._runner = None
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     def __repr__(self) -> str:
         return f"<EmbeddedBackend {self.model_path} on {self.device}>"
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _emitter(index: int, on_text: TextCallback) -> Callable[[str], None]:

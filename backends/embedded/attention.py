@@ -42,17 +42,21 @@ __all__ = [
 
 # -- kernels (pure tensor functions) -----------------------------------------------------
 def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
-                  scale: float) -> torch.Tensor:
+                  scale: float, window: int | None = None) -> torch.Tensor:
     """Causal attention of ``q`` ``[n, H, D]`` at positions ``start..start+n-1`` to
-    ``k``/``v`` ``[start+n, KV, D]`` (positions ``0..start+n-1``). Returns ``[n, H, D]``."""
+    ``k``/``v`` ``[start+n, KV, D]`` (positions ``0..start+n-1``). With ``window``, a
+    query at ``p`` sees only keys ``p - window + 1 .. p``. Returns ``[n, H, D]``."""
     n, length = q.shape[0], k.shape[0]
     qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if start == 0:
+    if start == 0 and (window is None or window >= length):
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
                                              enable_gqa=True)
     else:
-        qpos = torch.arange(start, start + n, device=q.device)
-        mask = torch.arange(length, device=q.device)[None, :] <= qpos[:, None]
+        qpos = torch.arange(start, start + n, device=q.device)[:, None]
+        kpos = torch.arange(length, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if window is not None:
+            mask &= kpos > qpos - window
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
                                              enable_gqa=True)
     return out[0].transpose(0, 1)
@@ -133,7 +137,8 @@ class PrefillItem:
 
     rows: slice
     start: int
-    slots: SlotRange  # every slot of the sequence up to the chunk's last token
+    slots: SlotRange  # the slots read: the sequence's up to the chunk's last token
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -171,27 +176,32 @@ class AttentionPlan:
 
     @classmethod
     def build(cls, rows: list[slice], slots: list[torch.Tensor], device: torch.device,
-              cascade: bool | None = None, min_shared: int = 32) -> AttentionPlan:
+              cascade: bool | None = None, min_shared: int = 32,
+              window: int | None = None) -> AttentionPlan:
         """Plan a batch: entry ``i`` has queries ``rows[i]`` and KV ``slots[i]`` (CPU long
         tensor of all its slots, positions ``0..``). ``cascade``: None = when the decode
         entries (and those with at most ``MAX_SHORT`` new tokens) share at least
-        ``min_shared`` leading slots; True/False force it."""
+        ``min_shared`` leading slots; True/False force it. ``window``: a sliding
+        attention window (a query at ``p`` reads keys ``p - window + 1 .. p``); entries
+        longer than it read their own window, never a shared prefix."""
         single: list[tuple[slice, torch.Tensor]] = []
         short: list[tuple[slice, torch.Tensor]] = []
         long: list[tuple[slice, torch.Tensor]] = []
-        for r, s in zip(rows, slots):
+        for r, s in zip(rows, slots, strict=True):
             n = r.stop - r.start
             (single if n == 1 else short if n <= MAX_SHORT else long).append((r, s))
 
         def ctx(e: tuple[slice, torch.Tensor]) -> torch.Tensor:  # + the first new slot
             return e[1][:len(e[1]) - (e[0].stop - e[0].start) + 1]
 
-        # candidates: one-token entries, and short ones with context (not fresh prompts)
-        cands = single + [e for e in short if len(ctx(e)) > 1]
+        # candidates: one-token entries, and short ones with context (not fresh prompts);
+        # under a window only those whose every query still sees position 0
+        cands = [e for e in single + [e for e in short if len(ctx(e)) > 1]
+                 if window is None or len(e[1]) <= window]
         groups: list[tuple[int, list[tuple[slice, torch.Tensor]]]] = []
         if cascade is not False and len(cands) > 1:
-            groups = _cascade_groups([ctx(e) for e in cands], 1 if cascade else min_shared)
-            groups = [(n, [cands[i] for i in members]) for n, members in groups]
+            found = _cascade_groups([ctx(e) for e in cands], 1 if cascade else min_shared)
+            groups = [(n, [cands[i] for i in members]) for n, members in found]
         in_group = {id(e) for _, members in groups for e in members}
         long += [e for e in short if id(e) not in in_group]
         q_rows: list[int] = []
@@ -202,8 +212,9 @@ class AttentionPlan:
             r, sl = e  # one query row per new token, reading its own keys causally
             c = len(sl) - (r.stop - r.start)
             for j in range(r.stop - r.start):
+                lo = shared if window is None else max(shared, c + j + 1 - window)
                 q_rows.append(r.start + j)
-                keys.append(sl[shared:c + j + 1])
+                keys.append(sl[lo:c + j + 1])
 
         for shared, members in groups:
             first = len(q_rows)
@@ -215,8 +226,11 @@ class AttentionPlan:
         for e in single:
             if id(e) not in in_group:
                 add(e, 0)
-        prefill = [PrefillItem(r, len(sl) - (r.stop - r.start), SlotRange.of(sl.to(device)))
-                   for r, sl in long]
+        prefill = []
+        for r, sl in long:
+            start = len(sl) - (r.stop - r.start)
+            off = 0 if window is None else max(0, start - window + 1)  # keys no query sees
+            prefill.append(PrefillItem(r, start - off, SlotRange.of(sl[off:].to(device)), window))
         return cls(tuple(prefill), cls._plan_decode(q_rows, keys, device, tuple(cascade_groups)))
 
     @staticmethod
@@ -285,7 +299,7 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
     out = torch.empty_like(q)
     for item in plan.prefill:
         k, v = pool.read(layer, item.slots)
-        out[item.rows] = attend_causal(q[item.rows], k, v, item.start, scale)
+        out[item.rows] = attend_causal(q[item.rows], k, v, item.start, scale, item.window)
     dec = plan.decode
     if dec is None:
         return out

@@ -101,7 +101,7 @@ class GenSequence:
     # -- one step -------------------------------------------------------------------
     def compute_mask(self) -> None:
         """Fill the bitmask for the next token (worker-thread safe: matcher and bitmask only)."""
-        if self.matcher is not None:
+        if self.matcher is not None and self.bitmask is not None:
             self.matcher.fill_bitmask(self.bitmask, 0)
             self._mask = token_mask(self.bitmask[0], self.vocab)
 

@@ -104,7 +104,8 @@ class _Layer:
         a, m = hf_layer.self_attn, hf_layer.mlp
 
         def w(mod: Any) -> torch.Tensor:
-            return mod.weight.detach().to(dtype)
+            weight: torch.Tensor = mod.weight.detach().to(dtype)
+            return weight
 
         def b(mod: Any) -> torch.Tensor | None:
             bias = getattr(mod, "bias", None)
@@ -194,7 +195,7 @@ class DecoderModel:
             write.append(s[start:])
             rows.append(slice(t0, t0 + n))
             slots.append(s)
-            k = {"last": 1, "all": n, "none": 0}.get(x.logits, x.logits)  # type: ignore[call-overload]
+            k = x.logits if isinstance(x.logits, int) else {"last": 1, "all": n, "none": 0}.get(x.logits)
             if not isinstance(k, int) or not 0 <= k <= n:
                 raise ValueError(f"logits={x.logits!r} rows asked of an input of {n} new tokens")
             picked = list(range(t0 + n - k, t0 + n))  # the last k new tokens

@@ -7,16 +7,19 @@ never split a UTF-8 character (vLLM's prefix/read-offset scheme: a few context t
 keep tokenizers that strip a leading space from a first token honest).
 
 :class:`StopMatcher` follows SGLang semantics: the output ends where the first stop
-string (or stop regex match) begins, and the match itself is excluded. While streaming it
-holds back any tail that could still grow into a stop match, so the concatenated deltas
-always equal the final text.
+string (or stop regex match) begins, and the match itself is excluded. It is incremental:
+each call looks only at the text added since the last one (plus, for stop strings, the
+few characters a match could straddle), and stop regexes run on the linear-time
+:class:`~structgen.backends.embedded.stop_regex.StopRegex`, so no pattern can make a
+step slow. While streaming it holds back any tail that could still grow into a stop
+match, so the concatenated deltas always equal the final text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import regex
+from structgen.backends.embedded.stop_regex import StopRegex
 
 __all__ = ["IncrementalDetokenizer", "StopMatcher"]
 
@@ -59,30 +62,52 @@ class IncrementalDetokenizer:
 
 
 class StopMatcher:
-    """Finds the first stop string / stop regex match in generated text."""
+    """Finds the first stop string / stop regex match in a growing text (one per sequence).
+
+    ``stop_regex`` patterns use Python ``re`` syntax without backreferences or
+    lookarounds (:class:`ValueError` otherwise)."""
 
     def __init__(self, stop: Sequence[str] = (), stop_regex: Sequence[str] = ()):
         self.stop = tuple(s for s in stop if s)
-        self.patterns = tuple(regex.compile(p) for p in stop_regex)
+        self.patterns = tuple(StopRegex(p) for p in stop_regex)
+        self._longest = max((len(s) for s in self.stop), default=0)
+        self._seen = 0  # characters of the text already searched
+        self._ended = False
+        #: ``(start, matched)`` of the earliest stop match found so far
+        self.hit: tuple[int, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.stop or self.patterns)
 
-    def find(self, text: str) -> tuple[int, str] | None:
-        """``(start, matched)`` of the earliest complete stop match in ``text``, or None."""
-        best: tuple[int, str] | None = None
-        for s in self.stop:
-            at = text.find(s)
-            if at >= 0 and (best is None or at < best[0]):
-                best = (at, s)
+    def update(self, text: str, *, ended: bool = False) -> tuple[int, str] | None:
+        """Search what ``text`` (the whole output so far; it only grows) added since the
+        last call; ``ended``: the output is complete (end anchors may match). Returns the
+        earliest stop match found so far, ``(start, matched)``, or None."""
+        if self.hit is not None:
+            return self.hit
+        new, at = text[self._seen:], self._seen
+        self._seen = len(text)
+        found: list[tuple[int, str]] = []
+        if self.stop and new:
+            lo = max(0, at - self._longest + 1)  # a match may straddle the old end
+            for s in self.stop:
+                i = text.find(s, lo)
+                if i >= 0:
+                    found.append((i, s))
         for p in self.patterns:
-            m = p.search(text)
-            if m is not None and (best is None or m.start() < best[0]):
-                best = (m.start(), m.group(0))
-        return best
+            span = p.feed(new) if new else None
+            if span is None and ended and not self._ended:
+                span = p.finish()
+            if span is not None:
+                found.append((span[0], text[span[0]:span[1]]))
+        self._ended = self._ended or ended
+        if found:
+            self.hit = min(found, key=lambda h: h[0])
+        return self.hit
 
     def safe_len(self, text: str) -> int:
-        """Length of the prefix of ``text`` that no future text can turn into a stop match."""
+        """Length of the prefix of ``text`` (as last passed to :meth:`update`) that no
+        future text can turn into a stop match."""
         safe = len(text)
         for s in self.stop:
             for k in range(min(len(s) - 1, len(text)), 0, -1):
@@ -90,7 +115,5 @@ class StopMatcher:
                     safe = min(safe, len(text) - k)
                     break
         for p in self.patterns:
-            m = p.search(text, partial=True)
-            if m is not None and m.partial:
-                safe = min(safe, m.start())
+            safe = min(safe, p.live_start())
         return safe

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from structgen.backends.embedded.prefix_cache import PrefixCache, common_prefix_len
+from structgen.backends.embedded.adapter import common_prefix_len
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
 from structgen.constraints.spec import (
     ChoiceSpec,
@@ -55,32 +55,54 @@ def test_common_prefix_len():
     assert common_prefix_len([1, 2], [1, 2, 3]) == 2
 
 
-def test_prefix_cache_longest_match_replace_and_evict():
-    cache = PrefixCache(max_entries=2, max_tokens=100)
-    cache.insert([1, 2, 3], "a")
-    cache.insert([1, 2, 3, 4, 5], "b")  # extends [1,2,3]: replaces it
-    assert len(cache) == 1
-    entry, n = cache.match([1, 2, 3, 4, 9])
-    assert (entry.kv, n) == ("b", 4)
-    cache.insert([1, 2], "c")  # covered by the longer entry: not stored
-    assert len(cache) == 1
-    cache.insert([7, 8], "d")
-    cache.insert([9], "e")  # third entry: the least recently used one goes
-    assert len(cache) == 2
-    assert cache.match([1, 2, 3])[0] is None
-    assert cache.tokens == 3
-    assert cache.match([5])[1] == 0
-
-
 def test_stop_matcher_find_and_holdback():
     stops = StopMatcher(["END", "\n\n"], [r"\d{3}"])
-    assert stops.find("abc END") == (4, "END")
-    assert stops.find("a 12 b") is None
-    assert stops.find("x 123 END") == (2, "123")
+    assert stops.update("abc EN") is None
     assert stops.safe_len("abc EN") == 4  # "EN" may become "END"
-    assert stops.safe_len("abc 12") == 4  # "12" may become a 3-digit match
-    assert stops.safe_len("abc\n") == 3
+    assert stops.update("abc END") == (4, "END")  # the match straddles two updates
+    digits = StopMatcher(["END"], [r"\d{3}"])
+    assert digits.update("a 12") is None
+    assert digits.safe_len("a 12") == 2  # "12" may become a 3-digit match
+    assert digits.update("a 12 b") is None and digits.safe_len("a 12 b") == 6
+    assert digits.update("a 12 b 123 END") == (7, "123")  # the earliest match wins
+    newline = StopMatcher(["\n\n"])
+    newline.update("abc\n")
+    assert newline.safe_len("abc\n") == 3
     assert not StopMatcher()
+
+
+def test_stop_regex_anchors_wait_for_the_next_character_or_the_end():
+    word = StopMatcher((), [r"\bcat\b"])
+    assert word.update("a cat") is None  # "cats" would not match
+    assert word.update("a cats") is None
+    word = StopMatcher((), [r"\bcat\b"])
+    assert word.update("a cat") is None and word.update("a cat!") == (2, "cat")
+    end = StopMatcher((), [r"done$"])
+    assert end.update("done") is None and end.update("done", ended=True) == (0, "done")
+
+
+def test_stop_regex_matches_like_re_search():
+    import random
+    import re as stdre
+
+    rng = random.Random(7)
+    patterns = [r"ab+c", r"(a|aa)+b", r"\d{3}", r"END|STOP", r"^foo", r"(?i)hello", r"[^a-z]{2}",
+                r"(?m)^z", r"(ab|a)(bc|c)", r"x{2,4}y?", r"(?s)a.b", r"[\w-]+@x"]
+    for _ in range(2000):
+        pat = rng.choice(patterns)
+        text = "".join(rng.choice("abcxyz \n1STOPEND0HELLOfoo@-") for _ in range(rng.randint(1, 30)))
+        stops, seen, got = StopMatcher((), [pat]), 0, None
+        while seen < len(text) and got is None:
+            seen = min(len(text), seen + rng.randint(1, 4))
+            got = stops.update(text[:seen])
+        want = stdre.search(pat, text[:seen])
+        assert (got and got[0]) == (want and want.start()), (pat, text[:seen], got, want)
+
+
+def test_stop_regex_without_a_linear_matcher_is_refused():
+    for pattern in (r"(a)\1", r"(?=a)b", r"[a"):
+        with pytest.raises(ValueError):
+            StopMatcher((), [pattern])
 
 
 def test_incremental_detokenizer_never_splits_characters(tokenizer):
@@ -157,7 +179,7 @@ def test_logprobs_meta(greedy):
     lps = greedy.meta["output_token_logprobs"]
     tops = greedy.meta["output_top_logprobs"]
     assert len(lps) == len(tops) == 8
-    for (lp, tok, _), top in zip(lps, tops):
+    for (lp, tok, _), top in zip(lps, tops, strict=True):
         assert lp <= 0 and len(top) == 3
         assert top[0][0] >= lp - 1e-5  # greedy picks the most likely token
         assert top[0][1] == tok
@@ -296,7 +318,8 @@ def test_select_logprobs_shapes_and_tokenization(backend):
     [res] = backend.select([SelectRequest(prompt, choices, need_unconditional=True)])
     assert isinstance(res, SelectResult), res
     ids = res.meta["choice_token_ids"]
-    for c, toks, lps, ulps in zip(choices, ids, res.input_token_logprobs, res.unconditional_token_logprobs):
+    for c, toks, lps, ulps in zip(choices, ids, res.input_token_logprobs, res.unconditional_token_logprobs,
+                                  strict=True):
         assert toks == backend.encode(prompt + c)[len(backend.encode(prompt)):]
         assert len(lps) == len(ulps) == len(toks) >= 1
         assert all(lp <= 0 for lp in lps + ulps)
@@ -311,7 +334,7 @@ def test_select_handles_a_prompt_ending_in_a_space(backend):
     [spaced, plain] = backend.select([SelectRequest("Is it? Answer: ", ("yes", "no")),
                                       SelectRequest("Is it? Answer:", (" yes", " no"))])
     assert spaced.meta["choice_token_ids"] == plain.meta["choice_token_ids"]
-    for a, b in zip(spaced.input_token_logprobs, plain.input_token_logprobs):
+    for a, b in zip(spaced.input_token_logprobs, plain.input_token_logprobs, strict=True):
         assert a == pytest.approx(b, abs=1e-4)
 
 

@@ -121,7 +121,7 @@ def test_greedy_outputs_are_identical_across_engine_settings(embedded_backend, r
               "jump-forward-off": EngineConfig(jump_forward=False),
               # each sequence fits alone, two do not: eviction and preemption must happen
               "tiny-budget": EngineConfig(kv_tokens=longest + 8, max_running=4)}[setting]
-    engine = Engine(be.runner().model, config)
+    engine = Engine(be.hf_model, config)
     try:
         assert _run(be, engine, reqs) == expected
         stats = engine.stats()
@@ -138,8 +138,8 @@ def test_greedy_outputs_are_identical_across_engine_settings(embedded_backend, r
 def test_jump_forward_appends_forced_tokens_without_sampling(embedded_backend, reference):
     be = embedded_backend
     reqs, expected = reference
-    with_jf = Engine(be.runner().model, EngineConfig())
-    without = Engine(be.runner().model, EngineConfig(jump_forward=False))
+    with_jf = Engine(be.hf_model, EngineConfig())
+    without = Engine(be.hf_model, EngineConfig(jump_forward=False))
     try:
         json_reqs = reqs[:5]
         assert _run(be, with_jf, json_reqs) == _run(be, without, json_reqs) == expected[:5]
@@ -177,7 +177,7 @@ def test_rejected_drafts_change_nothing_but_the_pass_count(embedded_backend, ref
     monkeypatch.setattr(LLGuidanceMatcher, "draft_tokens", byte_draft)
     be = embedded_backend
     reqs, expected = reference
-    engine = Engine(be.runner().model, EngineConfig())
+    engine = Engine(be.hf_model, EngineConfig())
     try:
         seqs = [be._sequence(i, r, None) for i, r in enumerate(reqs)]
         assert all(err is None for err, _ in engine.generate(seqs))
@@ -194,7 +194,7 @@ def test_rejected_drafts_change_nothing_but_the_pass_count(embedded_backend, ref
 
 def test_a_sequence_larger_than_the_whole_pool_fails_alone(embedded_backend):
     be = embedded_backend
-    engine = Engine(be.runner().model, EngineConfig(kv_tokens=64))
+    engine = Engine(be.hf_model, EngineConfig(kv_tokens=64))
     try:
         short = GenerateRequest("Hi", SamplingParams(max_new_tokens=3))
         huge = GenerateRequest("word " * 200, SamplingParams(max_new_tokens=3))

@@ -64,8 +64,8 @@ def test_kv_pool_write_read_contiguous_and_gathered():
 # -- the real model -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def models():
-    from structgen.backends.embedded.model import DecoderModel
     from structgen.backends.embedded.loader import load_model
+    from structgen.backends.embedded.model import DecoderModel
 
     lm = load_model()
     return lm.model, DecoderModel.from_hf(lm.model), lm.tokenizer
@@ -96,9 +96,9 @@ def test_packed_prefill_matches_transformers(models):
     kv = m.new_kv_pool(256)
     starts = [0, 60, 130]
     batch = m.prepare([SeqInput(x, list(range(s, s + len(x))), logits="all")
-                       for x, s in zip(ids, starts)])
+                       for x, s in zip(ids, starts, strict=True)])
     out = batch.split(m.forward(batch, kv))
-    for x, o in zip(ids, out):
+    for x, o in zip(ids, out, strict=True):
         assert o.shape == (len(x), m.lm_head.shape[0])
         assert (o - _hf_logits(hf, x)).abs().max() < TOL
 
@@ -156,14 +156,14 @@ def test_cascade_decode_equals_plain_and_transformers(models):
         slots.append(list(range(p)) + own)
         if len(t) > 1:
             m.forward(m.prepare([SeqInput(t[:-1], slots[-1][:-1], logits="none")]), kv)
-    inputs = [SeqInput(t[-1:], s) for t, s in zip(tails, slots)]
+    inputs = [SeqInput(t[-1:], s) for t, s in zip(tails, slots, strict=True)]
     cascade = m.prepare(inputs, cascade=None)
     plain = m.prepare(inputs, cascade=False)
     assert cascade.plan.decode.cascade and len(cascade.plan.decode.prefix) == p
     assert not plain.plan.decode.cascade
     oc, op = m.forward(cascade, kv), m.forward(plain, kv)
     assert (oc - op).abs().max() < 1e-4
-    for t, row in zip(tails, oc):
+    for t, row in zip(tails, oc, strict=True):
         assert (row - _hf_logits(hf, prefix + t)[-1]).abs().max() < TOL
 
 
@@ -193,7 +193,7 @@ def test_two_prefix_groups_cascade_equals_plain_and_transformers(models):
     tails = [" Cats", " The dog", " Why?"]
     kv = m.new_kv_pool(600)
     bases, inputs, texts = [0, 300], [], []
-    for base, pre in zip(bases, prefixes):
+    for base, pre in zip(bases, prefixes, strict=True):
         m.forward(m.prepare([SeqInput(pre, list(range(base, base + len(pre))), logits="none")]), kv)
         for i, t in enumerate(tails):
             ids = _ids(tok, t)
@@ -208,7 +208,7 @@ def test_two_prefix_groups_cascade_equals_plain_and_transformers(models):
     plain = m.prepare(inputs, cascade=False)
     oc, op = m.forward(cascade, kv), m.forward(plain, kv)
     assert (oc - op).abs().max() < 1e-4
-    for ids, row in zip(texts, oc):
+    for ids, row in zip(texts, oc, strict=True):
         assert (row - _hf_logits(hf, ids)[-1]).abs().max() < TOL
 
 
@@ -226,7 +226,7 @@ def test_cascade_takes_entries_with_a_few_new_tokens(models):
     m.forward(m.prepare([SeqInput(prefix, list(range(p)), logits="none")]), kv)
     new = [1, 3, 2]  # new tokens per entry: a decode token, then two short runs
     inputs = []
-    for i, (t, k) in enumerate(zip(tails, new)):
+    for i, (t, k) in enumerate(zip(tails, new, strict=True)):
         slots = list(range(p)) + list(range(p + 30 * i, p + 30 * i + len(t)))
         if len(t) > k:
             m.forward(m.prepare([SeqInput(t[:-k], slots[:len(slots) - k], logits="none")]), kv)
@@ -241,7 +241,7 @@ def test_cascade_takes_entries_with_a_few_new_tokens(models):
     assert len(plain.plan.prefill) == 3 and not plain.plan.decode.cascade
     oc, op = m.forward(cascade, kv), m.forward(plain, kv)
     assert (oc - op).abs().max() < 1e-4
-    for t, k, rows in zip(tails, new, cascade.split(oc)[:3]):
+    for t, k, rows in zip(tails, new, cascade.split(oc)[:3], strict=True):
         assert (rows - _hf_logits(hf, prefix + t)[-k:]).abs().max() < TOL
 
 
@@ -277,13 +277,13 @@ def test_batched_greedy_decode_matches_generate(models):
     kv = m.new_kv_pool(128)
     seqs = [list(p) for p in prompts]
     slots = [list(range(i * 64, i * 64 + len(p))) for i, p in enumerate(prompts)]
-    logits = m.forward(m.prepare([SeqInput(s, sl) for s, sl in zip(seqs, slots)]), kv)
+    logits = m.forward(m.prepare([SeqInput(s, sl) for s, sl in zip(seqs, slots, strict=True)]), kv)
     for _ in range(20):  # both sequences decode together, one forward per step
         for i, row in enumerate(logits):
             seqs[i].append(int(row.argmax()))
             slots[i].append(slots[i][-1] + 1)
-        logits = m.forward(m.prepare([SeqInput(s[-1:], sl) for s, sl in zip(seqs, slots)]), kv)
-    for p, s in zip(prompts, seqs):
+        logits = m.forward(m.prepare([SeqInput(s[-1:], sl) for s, sl in zip(seqs, slots, strict=True)]), kv)
+    for p, s in zip(prompts, seqs, strict=True):
         with torch.inference_mode():
             want = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                                max_new_tokens=20, do_sample=False, pad_token_id=tok.eos_token_id)
