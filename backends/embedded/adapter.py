@@ -174,7 +174,7 @@ class EmbeddedBackend(Backend):
         emit = _emitter(index, on_text) if on_text is not None else None
         seq = GenSequence(request, prompt_ids + prefix_ids, decode=self._decode, eos_ids=self.eos_token_ids,
                           vocab=self.vocab_size, compiled=compiled, emit=emit,
-                          token_text=self._token_text, cancel=getattr(request, "cancel", None))
+                          token_text=self._token_text, cancel=request.cancel)
         if prefix_ids and (seq.matcher is None or not seq.matcher.consume_many(prefix_ids)):
             raise ConstraintError(f"the output prefix {prefix[:80]!r} is not valid under the constraint")
         return seq
@@ -245,9 +245,8 @@ class EmbeddedBackend(Backend):
     def _select_one(self, request: SelectRequest) -> SelectResult:
         if not request.choices:
             raise ProgramError("select needs at least one choice")
-        flag = getattr(request, "cancel", None)
-        if flag is not None and flag.cancelled:
-            raise flag.error() if hasattr(flag, "error") else BackendError("cancelled", backend=self.name)
+        if request.cancel is not None and request.cancel.cancelled:
+            raise request.cancel.error(program=request.program, variable=request.variable)
         prompt_ids, fulls, starts = self.choice_tokens(request.prompt, request.choices)
         shared = min(starts)
         choice_ids = [f[k:] for f, k in zip(fulls, starts, strict=True)]

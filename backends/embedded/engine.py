@@ -14,8 +14,9 @@ thread while the forward runs. Jump-forward over forced text: :mod:`.drafting`.
 
 Isolation: everything done for one sequence in a step (sampling, its mask, stops,
 forced runs, drafts) is guarded for that sequence alone -- an exception fails only the
-sequence whose work raised. A sequence whose ``cancel`` flag is set (or that
-:meth:`Engine.cancel` names) leaves at the next step with a cancellation error.
+sequence whose work raised. A sequence whose request's ``Cancellation`` is set (or that
+:meth:`Engine.cancel` names, or whose waiting thread is interrupted) leaves at the next
+step -- queued or running, its KV freed -- failing with RequestCancelled.
 
 Memory: the KV pool has a fixed budget (``kv_tokens``). Sequences are admitted by need
 (their prompt, then a slot per token); the scheduler evicts cached prefixes, queues or
@@ -41,7 +42,7 @@ from structgen.backends.embedded.generation import GenSequence
 from structgen.backends.embedded.model import DecoderModel, SeqInput
 from structgen.backends.embedded.protocol import Outcome
 from structgen.backends.embedded.scoring import Scorer
-from structgen.errors import BackendError, StructgenError
+from structgen.errors import BackendError, RequestCancelled, StructgenError
 from structgen.runtime import BlockPool, RadixCache, Scheduler, SchedulerConfig, SeqState
 from structgen.runtime.batch import BatchEntry
 
@@ -397,12 +398,9 @@ def _compute_masks(gens: list[GenSequence]) -> None:
 
 def _cancelled(job: _Job) -> StructgenError:
     flag = job.gen.cancel if job.gen is not None else None
-    make = getattr(flag, "error", None)
-    if callable(make) and not job.killed:
-        err = make()
-        if isinstance(err, StructgenError):
-            return err
-    return BackendError("cancelled before it finished", backend="embedded")
+    if flag is not None and flag.cancelled:
+        return flag.error()
+    return RequestCancelled("cancelled before it finished (Engine.cancel)")
 
 
 def _as_error(exc: BaseException) -> StructgenError:

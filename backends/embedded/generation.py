@@ -23,21 +23,21 @@ import torch
 from structgen.backends.embedded.sampler import Sampler, TokenMask, token_mask
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
 from structgen.constraints.bitmask import allocate_token_bitmask
-from structgen.contract.backend import GenerateRequest, GenerateResult
+from structgen.contract.backend import Cancellation, GenerateRequest, GenerateResult
 from structgen.errors import BackendError, ConstraintError
 
 __all__ = ["GenSequence"]
 
 
 class GenSequence:
-    """``cancel``: a flag (the request's ``Cancellation``: ``cancelled``, ``error()``) that,
-    once set, makes the engine drop this sequence at its next step with that error."""
+    """``cancel``: the request's :class:`~structgen.contract.backend.Cancellation`; once
+    set, the engine drops this sequence at its next step with ``cancel.error()``."""
 
     def __init__(self, request: GenerateRequest, prompt_ids: Sequence[int], *,
                  decode: Callable[[Sequence[int]], str], eos_ids: frozenset[int], vocab: int,
                  compiled: Any = None, emit: Callable[[str], None] | None = None,
                  token_text: Callable[[int], str] | None = None,
-                 cancel: Any = None):
+                 cancel: Cancellation | None = None):
         p = request.params
         self.request = request
         self.params = p
@@ -81,7 +81,7 @@ class GenSequence:
 
     @property
     def cancelled(self) -> bool:
-        return self.cancel is not None and bool(self.cancel.cancelled)
+        return self.cancel is not None and self.cancel.cancelled
 
     def cap_total(self, context_length: int) -> None:
         """Generate no further than ``context_length`` positions (prompt included)."""

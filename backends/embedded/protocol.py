@@ -11,21 +11,12 @@ it. The implementation is the batched :class:`~structgen.backends.embedded.engin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol
 
 from structgen.backends.embedded.generation import GenSequence
 from structgen.errors import StructgenError
 
-__all__ = ["CancelFlag", "DecodeEngine", "Outcome"]
-
-
-@runtime_checkable
-class CancelFlag(Protocol):
-    """A flag the caller sets to cancel work (the contract's ``Cancellation``)."""
-
-    @property
-    def cancelled(self) -> bool: ...
-
+__all__ = ["DecodeEngine", "Outcome"]
 
 class Outcome(NamedTuple):
     """How one sequence ended: ``error`` (None when it finished normally; its text and
@@ -44,7 +35,7 @@ class DecodeEngine(Protocol):
 
     def generate(self, seqs: Sequence[GenSequence]) -> list[Outcome]:
         """Run ``seqs`` to completion (each until it finishes, fails or is cancelled
-        through its ``cancel`` flag); one :class:`Outcome` per sequence, in order.
+        through its request's ``Cancellation``, checked every step); one :class:`Outcome` per sequence, in order.
         One sequence's failure never fails another."""
         ...
 
@@ -57,7 +48,7 @@ class DecodeEngine(Protocol):
         ...
 
     def cancel(self, seqs: Sequence[GenSequence]) -> None:
-        """Stop ``seqs`` promptly; their :meth:`generate` outcomes are cancellation errors."""
+        """Stop ``seqs`` at the next step; their :meth:`generate` outcomes are RequestCancelled."""
         ...
 
     def stats(self) -> dict[str, Any]:

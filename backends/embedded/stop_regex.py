@@ -18,12 +18,15 @@ lookarounds, atomic groups and possessive repeats have no linear-time matcher an
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from re import _constants as C
-from re import _parser
 from typing import Any
+
+# the re module's own parser (the syntax of stop_regex is exactly re's); private, so untyped
+C: Any = importlib.import_module("re._constants")
+_parser: Any = importlib.import_module("re._parser")
 
 __all__ = ["StopRegex"]
 

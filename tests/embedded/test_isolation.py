@@ -2,8 +2,8 @@
 
 * item 2: a catastrophic stop regex stalls nothing (linear-time, incremental stops);
 * item 3: an error in one sequence's step (a bad option, its mask) fails it alone;
-* item 12: cancellation (a cancel flag, Ctrl-C in the waiting thread) stops a sequence
-  at the next step;
+* item 12: cancellation (a request's Cancellation, Ctrl-C in the waiting thread or in
+  run_batch) stops a sequence at the next step;
 * item 13: KV admission by need (a generous max_new_tokens is not refused) and the
   model's context checked before admission.
 
@@ -29,30 +29,13 @@ import structgen as sg
 from structgen.backends.embedded.engine import Engine, EngineConfig
 from structgen.backends.embedded.generation import GenSequence
 from structgen.constraints.spec import regex_spec
-from structgen.contract.backend import GenerateRequest, GenerateResult, SamplingParams
+from structgen.contract.backend import Cancellation, GenerateRequest, GenerateResult, SamplingParams
 from structgen.runtime import ContextLengthError
 
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 300  # seconds: only a hang (or a CPU far busier than ever seen) reaches it
-
-
-class Flag:
-    """A cancel flag as the contract's Cancellation offers it (``cancelled``, ``error``)."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def cancel(self) -> None:
-        self._event.set()
-
-    def error(self) -> sg.StructgenError:
-        return sg.BackendError("cancelled by the test", backend="embedded")
 
 
 def _assert_no_leak(engine: Engine) -> None:
@@ -148,7 +131,7 @@ def test_a_fault_in_one_sequences_mask_fails_it_alone(embedded_backend):
 
 
 # -- item 12 -----------------------------------------------------------------------------
-def _long(be, text: str, tokens: int, flag: Flag | None = None) -> GenSequence:
+def _long(be, text: str, tokens: int, flag: Cancellation | None = None) -> GenSequence:
     req = GenerateRequest(text, SamplingParams(max_new_tokens=tokens, ignore_eos=True))
     seq = be._sequence(0, req, None)
     seq.cancel = flag
@@ -159,7 +142,7 @@ def test_a_cancelled_sequence_leaves_at_the_next_step(embedded_backend):
     be = embedded_backend
     engine = Engine(be.hf_model, EngineConfig(kv_tokens=4096))
     try:
-        flag = Flag()
+        flag = Cancellation()
         doomed = _long(be, "Once upon a time", 2000, flag)
         other = _long(be, "The weather today", 12)
         results: dict[str, object] = {}
@@ -170,17 +153,117 @@ def test_a_cancelled_sequence_leaves_at_the_next_step(embedded_backend):
         start = time.monotonic()
         while len(doomed.out_ids) < 5 and time.monotonic() - start < DEADLINE:
             time.sleep(0.05)
-        flag.cancel()
+        flag.cancel("by the test")
         for t in threads:
             t.join(DEADLINE)
         assert not any(t.is_alive() for t in threads), "cancellation did not stop the sequence"
         err = results["doomed"].error
-        assert isinstance(err, sg.BackendError) and "cancelled" in str(err)
+        assert isinstance(err, sg.RequestCancelled) and "by the test" in str(err)
         assert 5 <= len(doomed.out_ids) < 2000 and doomed.text is None
         assert results["other"].error is None and len(other.out_ids) == 12
         _assert_no_leak(engine)
     finally:
         engine.close()
+
+
+def _story(i: int, tokens: int, cancel: Cancellation | None) -> GenerateRequest:
+    return GenerateRequest(f"Story {i}: once upon a time",
+                           SamplingParams(max_new_tokens=tokens, ignore_eos=True),
+                           program="stories", variable="story", cancel=cancel)
+
+
+def test_a_cancelled_batch_stops_computing_within_a_step(embedded_backend):
+    """Through the contract: a batch's requests share one Cancellation. Once it is set,
+    the engine runs at most the step in flight (and one that began as it was set), then
+    no forward at all; each request fails with RequestCancelled naming its origin."""
+    be = embedded_backend
+    cancel = Cancellation()
+    tokens = [0] * 4
+
+    def count(index: int, delta: str) -> None:
+        tokens[index] += 1
+
+    out: list[object] = []
+    runner = threading.Thread(target=lambda: out.extend(
+        be.generate([_story(i, 2000, cancel) for i in range(4)], on_text=count)))
+    runner.start()
+    start = time.monotonic()
+    while min(tokens) < 3 and time.monotonic() - start < DEADLINE:
+        time.sleep(0.02)
+    passes = be.stats()["forward_passes"]
+    cancel.cancel("by the test")
+    runner.join(DEADLINE)
+    assert not runner.is_alive(), "the cancelled batch kept running"
+    after = be.stats()["forward_passes"]
+    assert after - passes <= 2, f"{after - passes} forward passes after the cancel"
+    assert len(out) == 4 and all(isinstance(r, sg.RequestCancelled) for r in out), out
+    assert all(r.program == "stories" and r.variable == "story" for r in out)
+    time.sleep(0.3)
+    assert be.stats()["forward_passes"] == after  # nothing runs on for it
+    assert max(tokens) < 2000
+    _assert_no_leak(be.engine)
+
+
+def test_a_cancelled_request_never_starts(embedded_backend):
+    """Set before the request reaches the engine: no forward runs for it."""
+    be = embedded_backend
+    cancel = Cancellation()
+    cancel.cancel("early")
+    passes = be.stats()["forward_passes"]
+    out = be.generate([_story(0, 50, cancel)])
+    assert isinstance(out[0], sg.RequestCancelled)
+    assert be.stats()["forward_passes"] == passes
+
+
+_RUN_BATCH_CTRL_C = """
+import json, os, signal, threading, time
+import structgen as sg
+from structgen.backends.embedded import EmbeddedBackend
+
+be = EmbeddedBackend()
+
+@sg.program
+def story(s, kind):
+    s += "A long story about " + kind + ":" + sg.gen("out", max_tokens=2000, ignore_eos=True)
+
+def ctrl_c():  # a real SIGINT once the items decode
+    while be.stats()["generated_tokens"] < 30:
+        time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=ctrl_c, daemon=True).start()
+try:
+    story.run_batch([{"kind": k} for k in ("ships", "trees", "stars")], backend=be, num_threads=3)
+    print(json.dumps({"caught": "nothing"}))
+except BaseException as exc:
+    passes = be.stats()["forward_passes"]
+    time.sleep(0.5)  # abandoned sequences would keep stepping meanwhile
+    print(json.dumps({
+        "caught": type(exc).__name__,
+        "errors": [type(st.error()).__name__ for st in getattr(exc, "states", [])],
+        "passes_after_catch": be.stats()["forward_passes"] - passes,
+        "generated": be.stats()["generated_tokens"]}), flush=True)
+be.close()
+"""
+
+
+def test_ctrl_c_in_run_batch_stops_the_engine():
+    """Issue 13 item 12 end to end: Ctrl-C in run_batch sets the batch's Cancellation;
+    the engine drops every item's sequence at its next step, so nothing computes once
+    run_batch has raised, and each item fails with RequestCancelled."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-c", _RUN_BATCH_CTRL_C], capture_output=True, text=True,
+                              timeout=DEADLINE, env=env, cwd=ROOT, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the interrupted batch kept running: no result in {DEADLINE} s")
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert lines, done.stdout + done.stderr[-2000:]
+    got = json.loads(lines[-1])
+    assert got["caught"] == "BatchInterrupted", got
+    assert got["errors"] == ["RequestCancelled"] * 3, got
+    assert got["passes_after_catch"] == 0, got
+    assert got["generated"] < 3 * 2000
 
 
 def test_ctrl_c_in_the_waiting_thread_stops_its_sequences(embedded_backend):
