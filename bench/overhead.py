@@ -69,8 +69,9 @@ def gen_overhead_us(*, gens: int = 50, reps: int = 100, rounds: int = 7, verbose
             bucket.append(best(program))
     per_gen = (min(a) - min(b)) / gens * 1e6
     if verbose:
+        median_based = (statistics.median(a) - statistics.median(b)) / gens * 1e6
         print(f"program with {gens} gens {1e6 * min(a):.0f} us, text only {1e6 * min(b):.0f} us: "
-              f"{per_gen:.1f} us per gen (median-based {(statistics.median(a) - statistics.median(b)) / gens * 1e6:.1f})")
+              f"{per_gen:.1f} us per gen (median-based {median_based:.1f})")
     return per_gen
 
 

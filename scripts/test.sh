@@ -2,7 +2,8 @@
 # The whole test suite: install structgen (scripts/install.sh) and the engine servers the
 # server tests start (each in its own venv under $STRUCTGEN_ENGINES, default
 # ${XDG_CACHE_HOME:-~/.cache}/structgen/engines, skipped when present), then run pytest
-# with the given arguments, and say at the end which engines were missing.
+# with the given arguments after ruff and mypy (strict for structgen/; both fail the run),
+# and say at the end which engines were missing.
 #
 # llama.cpp compiles from source (10-80 min on 2 cores), so it is installed only when its
 # venv exists or pip has its built wheel cached; otherwise its server tests skip, saying so.
@@ -17,6 +18,10 @@ if [ -x "$STRUCTGEN_ENGINES/llamacpp/bin/python" ] || python3 -m pip cache list 
   engines+=(llamacpp)
 fi
 bash tests/servers/install_engines.sh "${engines[@]}" || echo "an engine install failed: its server tests will skip"
+echo "ruff check (config in pyproject.toml) ..."
+.venv/bin/ruff check .
+echo "mypy --strict on structgen/ ..."
+.venv/bin/mypy
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 echo "engine servers for the server tests (tests/servers/engines.py):"
