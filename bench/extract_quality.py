@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FILE = ROOT.parent / "shared" / "extract" / "deepjsoneval.jsonl"
 ENGINES = Path(os.environ.get("STRUCTGEN_ENGINES", Path.home() / ".cache" / "structgen" / "engines"))
 OUTLINES_VENV = Path(os.environ.get("STRUCTGEN_OUTLINES_VENV", ENGINES / "outlines"))
 
@@ -218,7 +217,7 @@ def _outlines_worker(inp: str, out: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("file", nargs="?", default=str(DEFAULT_FILE))
+    ap.add_argument("file", nargs="?", help="JSONL of schema/text/gold (default: the shared DeepJSONEval file)")
     ap.add_argument("--limit", type=int, default=None, help="first N records (default: all)")
     ap.add_argument("--outlines-limit", type=int, default=20, help="records given to Outlines (one at a time)")
     ap.add_argument("--max-tokens", type=int, default=512)
@@ -227,6 +226,12 @@ def main() -> None:
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     sys.path.insert(0, str(ROOT))
+    if args.file is None:  # ../shared next to the repository (or next to its main checkout)
+        from tests.shared_data import shared_dir
+
+        args.file = str(shared_dir() / "extract" / "deepjsoneval.jsonl")
+        if not os.path.isfile(args.file):
+            ap.error(f"no DeepJSONEval data at {args.file}: give the JSONL file as FILE")
 
     import structgen
     from structgen.backends.embedded import EmbeddedBackend
