@@ -30,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from structgen.constraints.spec import json_schema_spec
 from structgen.contract.backend import GenerateRequest, SamplingParams
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.shared_data import shared_dir
 
 
 def pick_schemas(directory: Path, n: int, backend) -> list[tuple[dict, object]]:
@@ -83,7 +82,7 @@ def main() -> None:
     ap.add_argument("--schemas", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--task", choices=("extract", "fill"), default="extract")
-    ap.add_argument("--dir", default=str(ROOT.parent / "shared" / "maskbench"))
+    ap.add_argument("--dir", default=str(shared_dir() / "maskbench"))
     args = ap.parse_args()
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.backends.embedded.engine import Engine, EngineConfig
