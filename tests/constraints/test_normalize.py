@@ -477,8 +477,17 @@ def test_fuzz_normalisation_never_narrows(schema, instances):
     v0 = cls(schema, format_checker=cls.FORMAT_CHECKER)
     v1 = _norm_validator(n.schema)
     for x in instances:
-        try:  # a schema that refers to itself without consuming the instance never ends
+        try:  # the reference checker itself: jsonschema's draft-07 `items: false` raises TypeError
             ok0 = v0.is_valid(x)
+        except TypeError:
+            continue
+        except RecursionError:
+            continue
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":
+                raise
+            continue
+        try:  # a schema that refers to itself without consuming the instance never ends
             ok1 = v1.is_valid(x)
         except RecursionError:
             continue
