@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+
+# A test run started in the background by a non-interactive shell inherits SIGINT ignored,
+# and so would every child process: the Ctrl-C tests (issue 13 item 12) need the usual
+# KeyboardInterrupt handler, here and (reset to the default at exec) in their subprocesses.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
