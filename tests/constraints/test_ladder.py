@@ -13,10 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,28 +23,9 @@ from structgen.constraints.schema import prepare_schema
 from structgen.constraints.spec import JsonSchemaSpec, json_schema_spec
 from structgen.contract.backend import GenerateRequest, SamplingParams
 from structgen.errors import ConstraintError
+from tests.lang.deadline import within
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """``fn()`` on a daemon thread; the test fails if it has not returned after ``seconds``."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"did not finish within {seconds} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 @pytest.fixture(scope="module")
