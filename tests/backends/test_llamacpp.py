@@ -33,8 +33,9 @@ from structgen.errors import (
     OutputValidationError,
 )
 from tests.backend_fakes import Recorder
+from tests.program_suite import CASES
 from tests.servers import llamacpp as llamacpp_server
-from tests.servers.fixtures import LOG_DIR, require_engine, suite_cases
+from tests.servers.fixtures import LOG_DIR, require_engine
 from tests.servers.proxy import FaultProxy
 
 
@@ -250,14 +251,10 @@ def test_constraints_hold_on_llama_cpp(backend):
     assert sel.index in (0, 1)
 
 
-SUITE = suite_cases()
-
-
 @pytest.mark.server
-@pytest.mark.parametrize("case", sorted(SUITE) or [pytest.param("none", marks=pytest.mark.skip(
-    reason="tests/program_suite.py not present"))])
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_program_suite_on_llama_cpp(backend, case):
-    SUITE[case](backend)
+    CASES[case](backend)
 
 
 @pytest.mark.server

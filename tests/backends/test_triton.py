@@ -30,8 +30,9 @@ from structgen.contract.backend import (
 )
 from structgen.errors import BackendError, CapabilityError
 from tests.backend_fakes import Recorder
+from tests.program_suite import CASES
 from tests.servers import triton as triton_server
-from tests.servers.fixtures import LOG_DIR, require_engine, suite_cases
+from tests.servers.fixtures import LOG_DIR, require_engine
 from tests.servers.proxy import FaultProxy
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
@@ -142,14 +143,10 @@ def test_constraints_hold_through_triton(backend):
     assert sel.index in (0, 1)
 
 
-SUITE = suite_cases()
-
-
 @pytest.mark.server
-@pytest.mark.parametrize("case", sorted(SUITE) or [pytest.param("none", marks=pytest.mark.skip(
-    reason="tests/program_suite.py not present"))])
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_program_suite_on_triton(backend, case):
-    SUITE[case](backend)
+    CASES[case](backend)
 
 
 @pytest.mark.server

@@ -33,9 +33,9 @@ from structgen.contract.backend import (
 from structgen.errors import BackendError, CapabilityError
 from structgen.lang.choices import method_by_name
 from tests.backend_fakes import Recorder
-from tests.program_suite import random_weights
+from tests.program_suite import CASES, random_weights
 from tests.servers import vllm as vllm_server
-from tests.servers.fixtures import LOG_DIR, require_engine, suite_cases
+from tests.servers.fixtures import LOG_DIR, require_engine
 from tests.servers.proxy import FaultProxy
 
 PERSON = {"type": "object", "properties": {
@@ -204,15 +204,11 @@ def test_shared_prefix_is_sent_first_and_hits_the_engine_cache(backend, server):
     assert queries > 0 and hits / queries > 0.5, (hits, queries)
 
 
-SUITE = suite_cases()
-
-
 @pytest.mark.server
-@pytest.mark.parametrize("case", sorted(SUITE) or [pytest.param("none", marks=pytest.mark.skip(
-    reason="tests/program_suite.py not present"))])
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_program_suite_on_vllm(backend, case):
     with random_weights():  # the tiny random-weight model: structure holds, its words are noise
-        SUITE[case](backend)
+        CASES[case](backend)
 
 
 # -- faults against the real server ----------------------------------------------------------

@@ -66,15 +66,20 @@ be.close()
 """
 
 
+def _run_script(script: str, stalled: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter under the deadline; a stall fails the test."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=DEADLINE, env=env, cwd=ROOT, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{stalled}: no result in {DEADLINE} s")
+
+
 def test_a_catastrophic_stop_regex_stalls_nothing():
     """``gen(regex="a{1,120}", stop_regex="(a|aa)+b")`` beside an unrelated run: on a
     backtracking search each step cost seconds and the other run never finished."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        done = subprocess.run([sys.executable, "-c", _STALL_SCRIPT], capture_output=True, text=True,
-                              timeout=DEADLINE, env=env, cwd=ROOT, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the engine stalled: no result in {DEADLINE} s")
+    done = _run_script(_STALL_SCRIPT, "the engine stalled")
     assert done.returncode == 0, done.stderr[-2000:]
     (bad_kind, bad_text), (good_kind, good_text) = json.loads(done.stdout.strip().splitlines()[-1])
     assert bad_kind == good_kind == "GenerateResult"
@@ -251,12 +256,7 @@ def test_ctrl_c_in_run_batch_stops_the_engine():
     """Issue 13 item 12 end to end: Ctrl-C in run_batch sets the batch's Cancellation;
     the engine drops every item's sequence at its next step, so nothing computes once
     run_batch has raised, and each item fails with RequestCancelled."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        done = subprocess.run([sys.executable, "-c", _RUN_BATCH_CTRL_C], capture_output=True, text=True,
-                              timeout=DEADLINE, env=env, cwd=ROOT, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the interrupted batch kept running: no result in {DEADLINE} s")
+    done = _run_script(_RUN_BATCH_CTRL_C, "the interrupted batch kept running")
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     assert lines, done.stdout + done.stderr[-2000:]
     got = json.loads(lines[-1])

@@ -250,7 +250,7 @@ def test_run_batch_progress_bar_counts_items_and_failures(capsys):
     assert "tagger" in err and "4/4" in err and "1 failed" in err
 
 
-def test_a_nested_program_shares_the_outer_runs_cancellation():
+def test_a_nested_program_uses_the_outer_runs_backend_and_cancellation():
     fb = FakeBackend(["inner", "outer"])
 
     @sg.program
@@ -261,7 +261,8 @@ def test_a_nested_program_shares_the_outer_runs_cancellation():
     def outer(s):
         s += inner()["i"] + sg.gen("o")
 
-    outer.run(backend=fb)
+    st = outer.run(backend=fb)
+    assert st.text() == "innerouter"
     assert fb.requests[0].cancel is fb.requests[1].cancel is not None
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,15 +12,6 @@ from tests.servers import engines
 
 #: engine servers' logs (a failed start shows the log's tail and its path)
 LOG_DIR = Path(os.environ.get("STRUCTGEN_SERVER_LOGS") or cache_root() / "server-logs")
-
-
-def suite_cases() -> dict[str, Any]:
-    """The shared program suite (tests/program_suite.py), or {} when it is not there."""
-    try:
-        from tests.program_suite import CASES
-    except ImportError:
-        return {}
-    return dict(CASES)
 
 
 def require_engine(name: str) -> None:
