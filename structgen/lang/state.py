@@ -47,6 +47,26 @@ class ProgramState:
         self._run.sync(self._peers or [self._interp])
         return self
 
+    @staticmethod
+    def sync_all(states: Sequence[ProgramState]) -> None:
+        """Run everything appended so far to ``states`` (states of one run, such as some of
+        a fork group's children) together: their requests go to the backend as one batch."""
+        if not states:
+            return
+        run = states[0]._run
+        if any(st._run is not run for st in states):
+            raise ProgramError("sync_all takes states of one run", program=run.program)
+        run.sync([st._interp for st in states])
+
+    def set_result(self, name: str, text: str, value: Any = None, meta: dict[str, Any] | None = None) -> None:
+        """Record a result a helper computed on this state (an agent loop's answer, say):
+        ``s[name]`` is ``text``, ``s.value(name)`` is ``value`` (``text`` when None) and
+        ``s.get_meta_info(name)`` is ``meta``. The prompt text is not changed."""
+        self._interp.variables[name] = text
+        self._interp.values[name] = text if value is None else value
+        if meta is not None:
+            self._interp.meta[name] = dict(meta)
+
     def error(self) -> StructgenError | None:
         """The error this run failed with, or ``None``."""
         self.sync()
@@ -59,7 +79,8 @@ class ProgramState:
             return self._run.finished
         return self._interp.idle and self._interp.error is None
 
-    def _raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:
+        """Raise the error this state's run stopped on, if any (does not wait)."""
         if self._interp.error is not None:
             raise self._interp.error
 
@@ -68,7 +89,7 @@ class ProgramState:
         self.sync()
         if name in self._interp.variables:
             return self._interp.variables[name]
-        self._raise_if_failed()
+        self.raise_if_failed()
         raise ProgramError(f"no variable {name!r} (defined: {sorted(self._interp.variables)})",
                            program=self._run.program)
 
@@ -172,7 +193,7 @@ class ProgramState:
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ProgramError(f"fork size must be a positive int, not {size!r}", program=self._run.program)
         self.sync()
-        self._raise_if_failed()
+        self.raise_if_failed()
         backend = self._run.backend
         if size > 1 and backend.capabilities.prefix_cache and self._interp.text:
             # the parent's text is computed once; the children then share its KV (an
@@ -195,12 +216,12 @@ class ProgramState:
         stream = self._run.stream
         if stream is None or self._interp is not self._run.root:
             self.sync()
-            self._raise_if_failed()
+            self.raise_if_failed()
             yield self._interp.variables.get(var_name, "") if var_name else self._interp.text
             return
         yield from stream.iter(var_name)
         self.sync()
-        self._raise_if_failed()
+        self.raise_if_failed()
 
     async def text_async_iter(self, var_name: str | None = None,
                               return_meta_data: bool = False) -> AsyncIterator[Any]:

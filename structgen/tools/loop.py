@@ -89,19 +89,12 @@ def _states(target: Any) -> tuple[list[Any], bool]:
     raise ProgramError(f"run_tools needs a program state or a fork group, not {type(target).__name__}")
 
 
-def _drive(states: Sequence[Any]) -> None:
-    states[0]._run.drive([st._interp for st in states])
-
-
 def _record(agent: _Agent, name: str, answer: str | None, stopped: str) -> None:
     agent.done = True
     agent.result.answer = answer
     agent.result.stopped = stopped
-    interp = agent.state._interp
-    interp.variables[name] = answer or ""
-    interp.values[name] = agent.result
-    interp.meta[name] = {"stopped": stopped, "steps": len(agent.result.steps),
-                         "calls": len(agent.result.calls)}
+    agent.state.set_result(name, answer or "", agent.result,
+                           {"stopped": stopped, "steps": len(agent.result.steps), "calls": len(agent.result.calls)})
 
 
 def run_tools(s: Any, tools: Any, *, name: str = "agent", max_steps: int = 6, tool_choice: Any = "auto",
@@ -112,6 +105,7 @@ def run_tools(s: Any, tools: Any, *, name: str = "agent", max_steps: int = 6, to
     :func:`structgen.use_tools`). Returns the :class:`AgentResult` (a list of them for a
     fork group). The step variables are ``{name}_{i}``."""
     from structgen.lang.api import assistant, gen, tool_results
+    from structgen.lang.state import ProgramState
 
     tool_list = as_tools(tools)
     if max_steps < 1 or max_calls < 1:
@@ -131,10 +125,10 @@ def run_tools(s: Any, tools: Any, *, name: str = "agent", max_steps: int = 6, to
                 a.state += assistant(gen(var, tools=tool_list, tool_choice=tool_choice,
                                          parallel_tool_calls=parallel_tool_calls, think=think,
                                          max_tokens=max_tokens, **gen_options))
-            _drive([a.state for a in live])
+            ProgramState.sync_all([a.state for a in live])
             pending: list[tuple[_Agent, StepRecord, list[ToolCall]]] = []
             for a in live:
-                a.state._raise_if_failed()
+                a.state.raise_if_failed()
                 turn: ToolTurn = a.state.value(var)
                 meta = a.state.get_meta_info(var) or {}
                 rec = StepRecord(step, var, turn.content, prompt_tokens=meta.get("prompt_tokens"),

@@ -403,21 +403,6 @@ def test_concurrent_runs_in_threads_and_asyncio_do_not_mix():
     assert asyncio.run(main()) == [f"a{i}"[::-1] for i in range(5)]
 
 
-def test_nested_program_uses_the_outer_runs_backend():
-    fb = FakeBackend(["inner", "outer"])
-
-    @sg.program
-    def inner(s):
-        s += sg.gen("i")
-
-    @sg.program
-    def outer(s):
-        s += inner()["i"] + sg.gen("o")
-
-    st = outer.run(backend=fb)
-    assert st.text() == "innerouter"
-
-
 def test_set_default_backend():
     fb = FakeBackend(["d"])
     sg.set_default_backend(fb)
@@ -518,3 +503,30 @@ def test_run_batch_traces_the_shared_prefix_and_warms_it_once():
     # one item: nothing to share
     p.run_batch(items[:1], backend=fb)
     assert fb.warmed == [prefix]
+
+
+def test_sync_all_runs_chosen_states_as_one_batch_and_set_result_records_a_helper_result():
+    fb = FakeBackend(["a", "b", "c"])
+    seen = {}
+
+    @sg.program
+    def p(s):
+        forks = s.fork(3)
+        for f in forks:
+            f += sg.gen("v", max_tokens=3)
+        sg.ProgramState.sync_all([forks[0], forks[2]])  # two of the three children, one batch
+        seen["batches"] = list(fb.batches)
+        seen["values"] = [forks[0]["v"], forks[2]["v"]]
+        forks[1].sync()
+        s.set_result("helper", "text", {"rich": 1}, {"steps": 2})
+        s.set_result("plain", "t2")
+        with pytest.raises(sg.ProgramError):
+            sg.ProgramState.sync_all([forks[0], other_run_state])
+
+    other_run_state = sg.program(lambda s: None).run(backend=FakeBackend([]))
+    st = p.run(backend=fb)
+    st.raise_if_failed()
+    assert seen["batches"] == [2] and sorted(seen["values"]) == ["a", "b"]
+    assert st["helper"] == "text" and st.value("helper") == {"rich": 1}
+    assert st.get_meta_info("helper") == {"steps": 2}
+    assert st["plain"] == "t2" and st.value("plain") == "t2" and "helper" not in st.text()
