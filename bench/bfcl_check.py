@@ -55,7 +55,8 @@ class Category:
         return "multiple" in self.name
 
 
-def load_categories(folder: Path, limit: int | None = None) -> list[Category]:
+def load_categories(folder: Path, limit: int | None = None, offset: int = 0) -> list[Category]:
+    """Each category's records, skipping the first ``offset`` (held-out runs), at most ``limit``."""
     out = []
     for path in sorted(folder.glob("BFCL_v*_*.json")):
         name = re.sub(r"^BFCL_v\d+_", "", path.stem)
@@ -67,6 +68,7 @@ def load_categories(folder: Path, limit: int | None = None) -> list[Category]:
                     item = json.loads(line)
                     answers[item["id"]] = item["ground_truth"]
         cat = Category(name)
+        skipped = 0
         for line in path.read_text().splitlines():
             if not line.strip():
                 continue
@@ -75,6 +77,9 @@ def load_categories(folder: Path, limit: int | None = None) -> list[Category]:
             messages = [m for turn in turns for m in turn] if turns and isinstance(turns[0], list) else turns
             if item["id"] not in answers and "irrelevance" not in name:
                 continue  # a category without gold for this record: nothing to check against
+            if skipped < offset:
+                skipped += 1
+                continue
             cat.records.append(Record(item["id"], messages, item["function"], answers.get(item["id"])))
             if limit is not None and len(cat.records) >= limit:
                 break

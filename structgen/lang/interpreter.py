@@ -70,8 +70,10 @@ class Interpreter:
     def __init__(self, *, program: str | None, defaults: SamplingParams,
                  chat_template: ChatTemplate | None, chat_messages: bool = False,
                  group: str | None = None, emit: Emit | None = None,
-                 cancel: Cancellation | None = None):
+                 cancel: Cancellation | None = None, scores: bool = False):
         self.program = program
+        #: the backend returns top log-probabilities (a tool turn's first decision is scored)
+        self.scores = scores
         self.defaults = defaults
         self.chat_template = chat_template
         self.chat_messages = chat_messages
@@ -99,7 +101,7 @@ class Interpreter:
             raise ProgramError("cannot fork a state with work still pending", program=self.program)
         child = Interpreter(program=self.program, defaults=self.defaults,
                             chat_template=self.chat_template, chat_messages=self.chat_messages,
-                            group=group, emit=emit, cancel=self.cancel)
+                            group=group, emit=emit, cancel=self.cancel, scores=self.scores)
         child.text = self.text
         child.variables = dict(self.variables)
         child.values = dict(self.values)
@@ -167,9 +169,11 @@ class Interpreter:
                 if kind is None:
                     raise ProgramError(f"unsupported node {type(node).__name__}")
                 name = self._name(getattr(node, "name", None))
-                # a node that may be retried is streamed only once an attempt is accepted
-                self._pending = Pending(kind, node, kind.start(self, node, name), name,
-                                        hold=getattr(node, "retries", 0) > 0)
+                request = kind.start(self, node, name)
+                # a node that may be retried, or whose first request is a probe (a tool turn's
+                # scored decision), is streamed only once its text is final
+                self._pending = Pending(kind, node, request, name,
+                                        hold=getattr(node, "retries", 0) > 0 or _is_probe(node, request))
                 return self._pending.request
         except Exception as exc:  # a DSL misuse (ProgramError), or the chat template failing
             self.fail(exc)
@@ -298,8 +302,9 @@ class Interpreter:
             self._append(template.continuation(self.messages, new, tools))
         self.messages.extend(new)
 
-    def resolve_tools(self, request: Any) -> Any:
-        """A ``gen(tools=...)`` becomes the constraint for this backend's call format."""
+    def resolve_tools(self, request: Any, max_tokens: int | None = None) -> Any:
+        """A ``gen(tools=...)`` becomes the constraint for this backend's call format, its
+        calls bounded to fit ``max_tokens`` (see :mod:`structgen.tools.budget`)."""
         if not self.chat_messages:
             shown = {t.name for t in self.tools}
             missing = [t.name for t in request.tools if t.name not in shown]
@@ -307,8 +312,8 @@ class Interpreter:
                 raise ProgramError(f"gen(tools=...) uses tools the prompt does not show: {missing}; "
                                    "add s += sg.use_tools([...]) before the conversation")
             template = None if self.chat_template is None else self._template()[0]
-            return request.resolve(template)
-        return request.resolve(None)
+            return request.resolve(template, max_tokens)
+        return request.resolve(None, max_tokens)
 
     def request_messages(self) -> tuple[Message, ...]:
         """The conversation so far for chat-API backends (an open turn is the last message)."""
@@ -322,6 +327,12 @@ class Interpreter:
             self._anon += 1
             return f"_gen_{self._anon}"
         return name
+
+
+def _is_probe(node: Any, request: Any) -> bool:
+    """A ``gen(tools=...)`` whose request carries no constraint: its scored first decision."""
+    return (getattr(request, "constraint", 0) is None
+            and getattr(getattr(node, "constraint", None), "kind", None) == "tool_request")
 
 
 #: IR nodes handled without a request: ``handler(interp, node)`` edits the interpreter's state

@@ -77,13 +77,17 @@ class Run:
         self._template = None if caps.chat_messages else backend.chat_template()
         #: the backend streams deltas; else a streaming run gets each generation whole
         self._deltas = caps.streaming
+        #: a tool turn's first decision is scored (a one-token probe) where the backend returns
+        #: top log-probabilities with their text and its prefix cache makes the probe's prompt
+        #: free to reuse
+        self._scores = {"top_logprobs_num", "return_text_in_logprobs"} <= caps.sampling and caps.prefix_cache
         self.root = self.new_interpreter(emit=self.stream.emit if self.stream is not None else None)
         self.state = ProgramState(self, self.root)
 
     def new_interpreter(self, emit: Emit | None = None) -> Interpreter:
         return Interpreter(program=self.program, defaults=self.defaults, chat_template=self._template,
                            chat_messages=self._chat_messages, group=self.id, emit=emit,
-                           cancel=self.cancel)
+                           cancel=self.cancel, scores=self._scores)
 
     def fork_group_id(self) -> str:
         return f"{self.id}/fork{next(self._forks)}"

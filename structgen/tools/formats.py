@@ -18,6 +18,9 @@ the model stands at the decision point right after ``<tool_call>[`` -- it writes
 ``]</tool_call>`` (no call), then its free-text answer, or one or more calls. So a turn
 is ``<tool_call>[]</tool_call>The answer.`` or ``<tool_call>[{...}, {...}]</tool_call>``.
 (A lazy trigger, free text first, lets a small model drift into prose and never call.)
+On a backend that returns top log-probabilities, ``auto`` first asks the model whether the
+turn opens the block at all (:mod:`structgen.tools.decision`): below a call probability
+threshold the turn is a plain answer instead.
 Native formats keep the lazy trigger under ``auto``: their models are trained to start a
 call block unprompted.
 

@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from structgen.tools.budget import bounded_schema
 from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 
@@ -56,16 +57,17 @@ def think_prefix(think: tuple[Any, ...] | None) -> tuple[str, list[str]]:
     return "thinking ", rules
 
 
-def _args_schema(tool: Tool) -> str:
-    schema: dict[str, Any] = dict(tool.parameters)
+def _args_schema(tool: Tool, cap: int | None = None) -> str:
+    schema: dict[str, Any] = dict(tool.parameters) if cap is None else bounded_schema(tool.parameters, cap)
     schema["x-guidance"] = JSON_STYLE
     return json.dumps(schema, ensure_ascii=False)
 
 
 def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls: int,
-                 think: tuple[Any, ...] | None = None) -> str:
+                 think: tuple[Any, ...] | None = None, caps: Sequence[int] | None = None) -> str:
     """The Lark grammar for one turn. ``mode``: ``"auto"`` (answer or calls),
-    ``"required"`` (1..max_calls calls) or ``"none"`` (an answer only)."""
+    ``"required"`` (1..max_calls calls) or ``"none"`` (an answer only). ``caps``: per
+    tool, a bound on its arguments' strings and arrays (:mod:`structgen.tools.budget`)."""
     if mode not in ("auto", "required", "none"):
         raise ValueError(f"mode must be auto, required or none, not {mode!r}")
     if max_calls < 1:
@@ -86,7 +88,7 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
         names.append(rule)
         prefix = lark_literal(f'{{"name": {json.dumps(t.name)}, "{fmt.args_key}": ')
         lines.append(f"{rule}: {prefix} args_{i} \"}}\"")
-        lines.append(f"args_{i}: %json {_args_schema(t)}")
+        lines.append(f"args_{i}: %json {_args_schema(t, None if caps is None else caps[i])}")
     lines.append(f"call: {' | '.join(names)}")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,8 @@ and validates every call.
 
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
 answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
-"auto"|"required"}``. ``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
+"auto"|"required", "call_threshold": p}`` (``p``: see :mod:`structgen.tools.decision`).
+``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
 :data:`MAX_PARALLEL`) or ``k`` (up to ``k``).
 """
 
@@ -30,6 +31,7 @@ from structgen.constraints.kind import ConstraintKind, register_kind
 from structgen.constraints.spec import GrammarSpec
 from structgen.contract.chat_template import ChatTemplate
 from structgen.errors import ProgramError
+from structgen.tools.budget import fit_to_budget
 from structgen.tools.calls import ToolTurn, parse_turn
 from structgen.tools.definition import Tool, as_tools
 from structgen.tools.formats import FORMATS, INJECTED, ToolFormat, tools_template
@@ -54,8 +56,8 @@ def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tupl
             raise ProgramError(f"tool_choice {tool_choice!r} names no tool (tools: {list(names)})")
         return "required", (tool_choice,)
     if isinstance(tool_choice, Mapping):
-        if "allowed" in tool_choice:
-            allowed = tuple(tool_choice["allowed"])
+        if "allowed" in tool_choice or "call_threshold" in tool_choice:
+            allowed = tuple(tool_choice.get("allowed", names))
             mode = str(tool_choice.get("mode", "auto"))
             if mode not in ("auto", "required"):
                 raise ProgramError(f"tool_choice mode must be 'auto' or 'required', not {mode!r}")
@@ -68,6 +70,16 @@ def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tupl
             return normalize_choice(fn.get("name"), tools)
     raise ProgramError(f"tool_choice must be 'auto', 'required', 'none', a tool name or "
                        f"{{'allowed': [...]}}, not {tool_choice!r}")
+
+
+def choice_threshold(tool_choice: Any) -> float | None:
+    """``auto``'s call threshold when ``tool_choice`` sets one (``{"call_threshold": p}``)."""
+    if not isinstance(tool_choice, Mapping) or "call_threshold" not in tool_choice:
+        return None
+    p = tool_choice["call_threshold"]
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ProgramError(f"call_threshold must be a probability in [0, 1], not {p!r}")
+    return float(p)
 
 
 def normalize_parallel(parallel: Any) -> int:
@@ -115,6 +127,10 @@ class ToolCallSpec(GrammarSpec):
     allowed: tuple[str, ...] = ()
     max_calls: int = 1
     think: tuple[Any, ...] | None = None
+    #: ``auto``'s scored first decision (:mod:`structgen.tools.decision`): None = off
+    call_threshold: float | None = None
+    #: the model's probability of opening the call block, once the decision is made
+    call_probability: float | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         return f"tool calls ({self.mode}, {self.format}, tools {list(self.allowed)}, up to {self.max_calls})"
@@ -144,15 +160,29 @@ register_kind(ConstraintKind(name="tools", spec_type=ToolCallSpec, feature="tool
 
 
 def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "auto", parallel: Any = False,
-               think: Any = None) -> ToolCallSpec:
+               think: Any = None, max_tokens: int | None = None) -> ToolCallSpec:
+    """The spec of one turn; with ``max_tokens`` every call fits that budget
+    (:func:`structgen.tools.budget.fit_to_budget`: bounded arguments)."""
     mode, allowed = normalize_choice(tool_choice, tools)
     k = normalize_parallel(parallel)
     th = normalize_think(think)
     chosen = [t for t in tools if t.name in allowed]
-    grammar = tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th)
+    caps = None
+    if max_tokens is not None and mode != "none":
+        reserved = 0 if th is None or len(th) < 3 else len(th[0]) + len(th[1]) + 1 + int(th[2])
+        fitted = fit_to_budget(fmt, chosen, max_tokens=max_tokens, reserved=reserved)
+        chosen, caps = [t for t, _ in fitted], [c for _, c in fitted]
+    grammar = tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th, caps=caps)
     tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
+    threshold = None
+    if mode == "auto" and fmt.opens_in_auto and th is None:  # auto's first decision, scored by the model
+        from structgen.tools.decision import DEFAULT_CALL_THRESHOLD
+
+        given = choice_threshold(tool_choice)
+        threshold = DEFAULT_CALL_THRESHOLD if given is None else (given or None)
     return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
-                        mode=mode, allowed=allowed, max_calls=k, think=th)  # type: ignore[arg-type]
+                        mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
+                        call_threshold=threshold)
 
 
 @dataclass(frozen=True)
@@ -169,6 +199,7 @@ class ToolRequest:
     def make(cls, tools: Any, tool_choice: Any = "auto", parallel: Any = False, think: Any = None) -> ToolRequest:
         resolved = as_tools(tools)
         normalize_choice(tool_choice, resolved)  # errors now, at gen(), not mid-run
+        choice_threshold(tool_choice)
         normalize_parallel(parallel)
         normalize_think(think)
         choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice
@@ -178,11 +209,13 @@ class ToolRequest:
         c = self.tool_choice
         return json.loads(c) if isinstance(c, str) and c.startswith("{") else c
 
-    def resolve(self, template: ChatTemplate | None) -> ToolCallSpec:
+    def resolve(self, template: ChatTemplate | None, max_tokens: int | None = None) -> ToolCallSpec:
         """The spec for a backend whose template is ``template`` (None: chat APIs, which
-        take tools natively; their results are written in the injected format)."""
+        take tools natively; their results are written in the injected format), its
+        calls fitted to ``max_tokens`` when given."""
         fmt = INJECTED if template is None else tools_template(template)[1]
-        return build_spec(self.tools, fmt, tool_choice=self.choice(), parallel=self.parallel, think=self.think)
+        return build_spec(self.tools, fmt, tool_choice=self.choice(), parallel=self.parallel, think=self.think,
+                          max_tokens=max_tokens)
 
     def describe(self) -> str:
         return f"tool calls ({', '.join(t.name for t in self.tools)})"

@@ -27,9 +27,17 @@ __all__ = ["GENERATE", "convert_dtype", "typed_value"]
 
 def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest:
     constraint = node.constraint
+    params = node.sampling(interp.defaults)
     if getattr(constraint, "kind", None) == "tool_request":  # gen(tools=...): this backend's format
-        constraint = interp.resolve_tools(constraint)
-    return GenerateRequest(prompt=interp.text, params=node.sampling(interp.defaults),
+        constraint = interp.resolve_tools(constraint, params.max_new_tokens)
+        if interp.scores and getattr(constraint, "call_threshold", None) is not None:
+            from structgen.tools.decision import probe_params
+
+            # auto's first decision, scored by the model: one token's top log-probabilities
+            return GenerateRequest(prompt=interp.text, params=probe_params(params), constraint=None,
+                                   messages=interp.request_messages(), program=interp.program, variable=name,
+                                   group=interp.group, cancel=interp.cancel)
+    return GenerateRequest(prompt=interp.text, params=params,
                            constraint=constraint, messages=interp.request_messages(),
                            program=interp.program, variable=name, group=interp.group,
                            cancel=interp.cancel)
@@ -42,6 +50,14 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
         raise BackendError(f"the backend returned {type(text).__name__} content where text was "
                            f"expected: {str(text)[:200]!r}")
     constraint = pending.request.constraint
+    if constraint is None and getattr(node.constraint, "kind", None) == "tool_request":  # the decision made
+        from structgen.tools.decision import decide
+
+        params = node.sampling(interp.defaults)
+        spec = decide(interp.resolve_tools(node.constraint, params.max_new_tokens), result.meta)
+        request = replace(pending.request, params=params, constraint=spec)
+        interp.resend(replace(pending, request=request, hold=node.retries > 0))
+        return
     meta = dict(result.meta)
     meta.setdefault("finish_reason", result.finish_reason)
     if constraint is None:  # free text (the common case: nothing to check)
@@ -71,6 +87,8 @@ def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> 
         from structgen.tools.calls import split_thinking
 
         meta["thinking"] = split_thinking(text, think)[0]
+    if getattr(constraint, "call_probability", None) is not None:
+        meta["call_probability"] = constraint.call_probability
     calls = getattr(value, "calls", None)
     if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
         meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]

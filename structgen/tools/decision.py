@@ -1,0 +1,70 @@
+"""``tool_choice="auto"`` in the injected format: the first decision, scored by the model.
+
+The injected ``structgen`` format under ``auto`` opens the call block and lets the model
+decide after ``<tool_call>[`` (``]`` = no call); a small model almost always calls there.
+So on a backend that returns top log-probabilities and has a prefix cache (the probe's
+prompt is then reused by the turn itself) the turn first asks the model one
+question: how likely does the turn start with the call block? One token's top
+log-probabilities at the turn's start are read (a probe request that adds no text), and
+the probability of the tokens that begin ``<tool_call>`` is the *call probability*:
+
+* at least ``call_threshold`` (:data:`DEFAULT_CALL_THRESHOLD`, or ``tool_choice={"mode":
+  "auto", "call_threshold": p}``): the turn is the call block, as before (the model may
+  still write ``[]`` and answer);
+* below it: the turn is a plain answer (``tool_choice="none"``'s grammar: text that never
+  contains the call trigger).
+
+Either way the grammar is the constraint, so every call that is made is valid. The
+probability is in the gen's meta (``call_probability``). ``call_threshold=0`` turns the
+decision off; a thinking section, native formats and other backends keep the grammar's
+own decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from structgen.contract.backend import SamplingParams
+from structgen.tools.grammar import tool_grammar
+from structgen.tools.spec import ToolCallSpec
+
+__all__ = ["DEFAULT_CALL_THRESHOLD", "PROBE_TOP", "call_probability", "decide", "probe_params"]
+
+#: the call probability at or above which ``auto`` opens the call block
+DEFAULT_CALL_THRESHOLD = 0.02
+#: how many top tokens the probe reads
+PROBE_TOP = 20
+
+
+def probe_params(params: SamplingParams) -> SamplingParams:
+    """The probe's parameters: one greedy token with its top log-probabilities."""
+    return dataclasses.replace(params, max_new_tokens=1, min_new_tokens=None, n=None, temperature=0.0,
+                               return_logprob=True, top_logprobs_num=PROBE_TOP, return_text_in_logprobs=True,
+                               logprob_start_len=None)
+
+
+def call_probability(meta: Mapping[str, Any], trigger: str) -> float:
+    """The probability of the first tokens that begin ``trigger``, from a probe's meta."""
+    tops = meta.get("output_top_logprobs") or []
+    first = tops[0] if tops else []
+    # (logprob, token id, text) entries (embedded) or a {text: logprob} map (OpenAI completions)
+    pairs = (list(first.items()) if isinstance(first, Mapping)
+             else [(e[2], e[0]) for e in first or [] if len(e) > 2])
+    total = 0.0
+    for text, logprob in pairs:
+        if isinstance(text, str) and text and (trigger.startswith(text) or text.startswith(trigger)):
+            total += math.exp(float(logprob))
+    return min(total, 1.0)
+
+
+def decide(spec: ToolCallSpec, meta: Mapping[str, Any]) -> ToolCallSpec:
+    """The turn's spec after the probe: the call block, or a plain answer."""
+    fmt = spec.call_format
+    p = call_probability(meta, fmt.trigger)
+    if spec.call_threshold is None or p >= spec.call_threshold:
+        return dataclasses.replace(spec, call_probability=p)
+    grammar = tool_grammar(fmt, [], mode="none", max_calls=1, think=spec.think)
+    return dataclasses.replace(spec, grammar=grammar, mode="none", call_probability=p)
