@@ -122,12 +122,13 @@ def job_options(inp: Path, out: Path, tmp: Path, max_tokens: int, **kw: object):
                       quiet=True, **kw)  # type: ignore[arg-type]
 
 
-def run_structgen(backend, inp: Path, out: Path, tmp: Path, max_tokens: int) -> tuple[float, dict]:  # type: ignore[no-untyped-def]
+def run_structgen(backend, inp: Path, out: Path, tmp: Path, max_tokens: int,  # type: ignore[no-untyped-def]
+                  **kw: object) -> tuple[float, dict]:
     from structgen.extract import run_job
 
     backend.clear_prefix_cache()
     start = time.perf_counter()
-    stats = run_job(job_options(inp, out, tmp, max_tokens), backend)
+    stats = run_job(job_options(inp, out, tmp, max_tokens, **kw), backend)
     return time.perf_counter() - start, stats.to_dict()
 
 
@@ -167,12 +168,14 @@ def rss_job(backend, tmp: Path, n: int) -> tuple[float, float]:  # type: ignore[
     journal = Journal(tmp / "rss.sqlite")
     writer = open_writer(tmp / "rss.out.jsonl")
     at_1k = float("nan")
+    start = time.perf_counter()
     for count, done in enumerate(run_records(read_records(inp), ex, journal=journal, concurrency=64), 1):
         writer.write(done.line, done.result.extra)
         if count == 1000:
             at_1k = rss_mb()
-        if count % 5000 == 0:
-            print(f"  rss job: {count:,} records, {rss_mb():.0f} MB", flush=True)
+        if count % 1000 == 0:
+            print(f"  rss job: {count:,} records, {rss_mb():.0f} MB, {count / (time.perf_counter() - start):.1f} "
+                  f"records/s, {journal.commits} journal commits", flush=True)
     writer.close()
     journal.close()
     return at_1k, rss_mb()
@@ -199,6 +202,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", default="", help="comma-separated: vllm,outlines,ray,rss")
+    ap.add_argument("--alt-concurrency", type=int, default=0,
+                    help="also run the job on a second engine with this many sequences running and records in "
+                         "flight (paired with the default job, same docs); 0: off")
     ap.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "structgen-bench-extract"))
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -223,7 +229,7 @@ def main() -> None:
     prompts = PromptBuilder(backend, instructions=INSTRUCTIONS, examples=load_few_shot(tmp / "few_shot.jsonl"))
     rendered = [prompts.render(prompts.turns(InputRecord(d["id"], d["text"]), schema)) for d in docs]
     print(f"{args.docs} docs; prompt {len(backend.encode(rendered[0]))} tokens, shared prefix "
-          f"{len(backend.encode(prompts.shared_prefix(schema)))} tokens; dtype {backend.runner().model.dtype}; "
+          f"{len(backend.encode(prompts.shared_prefix(schema)))} tokens; dtype {backend.engine.model.dtype}; "
           f"model loaded in {load_s:.1f}s", flush=True)
     write_jsonl(tmp / "warm.jsonl", make_docs(8, args.seed + 99))  # type: ignore[arg-type]
     run_structgen(backend, tmp / "warm.jsonl", tmp / "warm.out.jsonl", tmp, args.max_tokens)  # compile, threads
@@ -232,6 +238,18 @@ def main() -> None:
     rate = args.docs / wall
     print(f"structgen extract: {args.docs} docs in {wall:.1f}s = {rate:.3f} docs/s, valid {valid}/{args.docs}, "
           f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.3f}, {stats['tokens_per_s']:.0f} tok/s", flush=True)
+
+    if args.alt_concurrency:
+        from backends.embedded.engine import EngineConfig
+
+        c = args.alt_concurrency
+        alt = EmbeddedBackend(dtype=args.dtype, engine=EngineConfig(max_running=c, kv_tokens=max(16384, 160 * c)))
+        run_structgen(alt, tmp / "warm.jsonl", tmp / "warm.out.jsonl", tmp, args.max_tokens, concurrency=c)
+        alt_wall, _ = run_structgen(alt, tmp / "docs.jsonl", tmp / "alt.jsonl", tmp, args.max_tokens, concurrency=c)
+        check_records(tmp / "alt.jsonl", args.docs)
+        print(f"concurrency {c} (max_running {c}): {args.docs / alt_wall:.3f} docs/s, "
+              f"{wall / alt_wall:.3f}x the default job just before it", flush=True)
+        alt.close()
 
     names = [n for n in ("vllm", "outlines") if n not in skip]
     comp = run_competitors(names, rendered, schema.dict, args.max_tokens, subset=args.outlines_docs,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -91,7 +92,8 @@ class Extractor:
         self.prompts = prompts or PromptBuilder(backend)
         self._continue: Callable[..., list[Any]] | None = (
             getattr(backend, "continue_generate", None) if config.resume_prefix else None)
-        self._warmed: set[str] = set()
+        self._warmed: dict[str, threading.Event] = {}  # schema digest -> its prefix is computed
+        self._warm_lock = threading.Lock()
         self._decode = self._tokenizer_decode()
 
     def _tokenizer_decode(self) -> Callable[[list[int]], str] | None:
@@ -109,14 +111,26 @@ class Extractor:
         return self.schema
 
     def warm(self, schema: Schema) -> None:
-        """Compute the shared prefix (instructions + few-shot) of ``schema``'s prompts once."""
-        if schema.digest in self._warmed or not self.backend.capabilities.prefix_cache:
+        """Compute the shared prefix (instructions + few-shot) of ``schema``'s prompts once:
+        the first caller computes it, callers meanwhile wait for it (so records of one schema
+        reuse one cached prefix instead of each computing it), later callers return at once."""
+        if not self.backend.capabilities.prefix_cache:
             return
-        self._warmed.add(schema.digest)
-        prefix = self.prompts.shared_prefix(schema)
-        if prefix:
-            with contextlib.suppress(StructgenError):  # an optimisation: the records still run
-                self.backend.warm(prefix)
+        with self._warm_lock:
+            done = self._warmed.get(schema.digest)
+            first = done is None
+            if done is None:
+                done = self._warmed[schema.digest] = threading.Event()
+        if not first:
+            done.wait()
+            return
+        try:
+            prefix = self.prompts.shared_prefix(schema)
+            if prefix:
+                with contextlib.suppress(StructgenError):  # an optimisation: the records still run
+                    self.backend.warm(prefix)
+        finally:
+            done.set()
 
     def key_parts(self, record: InputRecord, schema_digest: str | None) -> dict[str, Any]:
         return {"id": record.id, "text": record.text, "messages": [list(m) for m in record.messages],

@@ -10,7 +10,8 @@ Exactly-once across restarts uses the same content keys and the same SQLite jour
 the local job (a row without an id gets one from a hash of its content, since blocks are
 read in parallel and have no line numbers): the journal is owned by one :class:`JournalActor` beside the driver;
 each worker asks it which records of its batch are finished (their stored lines pass
-through untouched) and stores each new result there as soon as it is done. A restarted
+through untouched) and stores new results there in groups, one transaction each, before
+they leave the worker. A restarted
 job therefore recomputes only unfinished records, and the output file is rewritten in
 input order from stored and new lines.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,8 +149,9 @@ class JournalActor:
     def get_many(self, keys: list[str]) -> list[tuple[bool, str] | None]:
         return [self.journal.get(k) for k in keys]
 
-    def put(self, key: str, record_id: str, ok: bool, line: str) -> None:
-        self.journal.put(key, record_id, ok, line)
+    def put_many(self, rows: list[tuple[str, str, bool, str]]) -> None:
+        """One committed transaction for a group of finished records."""
+        self.journal.put_many(rows)
 
     def close(self) -> None:
         self.journal.close()
@@ -189,13 +192,23 @@ class ExtractWorker:
                 todo.append(i)
         journal = self.journal
 
-        class _Remote:  # run_records' journal interface, forwarding puts to the actor
+        class _Remote:  # run_records' journal interface: groups of puts go to the actor at each commit
+            def __init__(self) -> None:
+                self.rows: list[tuple[str, str, bool, str]] = []
+                self.lock = threading.Lock()
+
             def get(self, key: str) -> None:
                 return None
 
             def put(self, key: str, record_id: str, ok: bool, line: str) -> None:
-                if journal is not None:
-                    ray.get(journal.put.remote(key, record_id, ok, line))
+                with self.lock:
+                    self.rows.append((key, record_id, ok, line))
+
+            def commit(self) -> None:
+                with self.lock:
+                    rows, self.rows = self.rows, []
+                if rows and journal is not None:
+                    ray.get(journal.put_many.remote(rows))
 
         for i, done in zip(todo, run_records([records[i] for i in todo], self.extractor,
                                              journal=_Remote(),  # type: ignore[arg-type]

@@ -3,7 +3,8 @@
 :func:`run_records` pulls records lazily from any iterable, skips those the journal has
 already finished (their stored output line comes back unchanged), runs the rest on a
 thread pool -- so a batching backend decodes many at once -- and yields one
-:class:`Done` per input record in input order. At most ``window`` records are held at
+:class:`Done` per input record in input order; a computed record is yielded only once
+the journal has committed it (records finishing together share one commit). At most ``window`` records are held at
 any time, whatever the input's size.
 """
 
@@ -43,10 +44,10 @@ def model_id(backend: Any) -> str:
         if isinstance(value, str) and value:
             out = f"{backend.name}:{value}"
             break
-    runner = getattr(backend, "runner", None)
-    if callable(runner):
-        with contextlib.suppress(Exception):
-            out += f":{runner().model.dtype}"
+    with contextlib.suppress(Exception):  # an in-process engine's model (a closed backend raises)
+        dtype = getattr(getattr(backend.engine, "model", None), "dtype", None)
+        if dtype is not None:
+            out += f":{dtype}"
     return out
 
 
@@ -74,11 +75,22 @@ def run_records(records: Iterable[InputRecord], extractor: Extractor, *, journal
     pending: deque[Future[Done]] = deque()
 
     def work(record: InputRecord, key: str) -> Done:
+        if record.error is None:  # in the worker: the reader never waits for a prefix
+            with contextlib.suppress(StructgenError):  # a bad schema: the record reports it
+                extractor.warm(extractor.schema_for(record))
         result = extractor.process(record, seed=seed_of(key))
         line = result.to_json()
         if journal is not None:
             journal.put(key, record.id, result.ok, line)
         return Done(result, line)
+
+    def take() -> Done:
+        """The oldest record, once durable: a computed record is yielded (and so written
+        out) only after the journal's group holding it is committed."""
+        done = pending.popleft().result()
+        if journal is not None and not done.resumed:
+            journal.commit()
+        return done
 
     try:
         for record in records:
@@ -91,15 +103,12 @@ def run_records(records: Iterable[InputRecord], extractor: Extractor, *, journal
                 result.extra = record.extra
                 fut.set_result(Done(result, stored[1], resumed=True))
             else:
-                if record.error is None:
-                    with contextlib.suppress(StructgenError):  # a bad schema: the record reports it
-                        extractor.warm(extractor.schema_for(record))
                 fut = pool.submit(work, record, key)
             pending.append(fut)
             while len(pending) >= window or (pending and pending[0].done()):
-                yield pending.popleft().result()
+                yield take()
         while pending:
-            yield pending.popleft().result()
+            yield take()
     finally:
         for fut in pending:
             fut.cancel()

@@ -5,6 +5,7 @@ per-field confidence, heterogeneous schemas sharing the compile cache, the journ
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,27 @@ def test_journal_skips_finished_reruns_changed_and_retry_failed(tmp_path: Path, 
     list(structgen.extract([{"id": "c", "text": "Cy is 7."}], Person, backend=recording, max_tokens=3,
                            retries=0, journal=journal, retry_failed=True))
     assert len(recording.requests) == k + 1
+
+
+def test_a_record_is_yielded_only_once_its_journal_group_is_committed(tmp_path: Path, embedded_backend: Any) -> None:
+    from structgen.extract.extractor import ExtractConfig, Extractor
+    from structgen.extract.inputs import as_records
+    from structgen.extract.journal import Journal
+    from structgen.extract.stream import run_records
+
+    path = tmp_path / "p.sqlite"
+    journal = Journal(path, max_pending=10_000, max_delay=3600)  # only the stream's commits
+    ex = Extractor(embedded_backend, Person, config=ExtractConfig(max_tokens=24, retries=0))
+    docs = [{"id": str(i), "text": f"P{i} is {20 + i}."} for i in range(6)]
+    seen = 0
+    for done in run_records(as_records(docs), ex, journal=journal, concurrency=6):
+        db = sqlite3.connect(path)
+        ids = {r[0] for r in db.execute("SELECT id FROM records")}
+        db.close()
+        assert done.result.id in ids  # on disk before it is handed on (and written out)
+        seen += 1
+    assert seen == 6 and 1 <= journal.commits <= 6
+    journal.close()
 
 
 def test_window_bounds_what_is_read_ahead(embedded_backend: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,40 @@ def test_journal_persists_and_keys_are_content_hashes(tmp_path: Path) -> None:
     mode = again._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     again.close()
+
+
+def _on_disk(path: Path) -> set[str]:
+    """Keys another connection sees (what a resumed job would find)."""
+    db = sqlite3.connect(path)
+    try:
+        return {r[0] for r in db.execute("SELECT key FROM records")}
+    finally:
+        db.close()
+
+
+def test_journal_group_commit(tmp_path: Path) -> None:
+    path = tmp_path / "g.sqlite"
+    j = Journal(path, max_pending=3, max_delay=3600)
+    j.put("k1", "a", True, "1")
+    j.put("k2", "b", False, "2")
+    assert j.get("k1") == (True, "1")  # pending records answer in-process
+    assert _on_disk(path) == set() and j.commits == 0  # not yet durable
+    j.commit()
+    assert _on_disk(path) == {"k1", "k2"} and j.commits == 1  # one transaction for the group
+    j.commit()
+    assert j.commits == 1  # nothing pending: no empty transaction
+    for k in ("k3", "k4", "k5"):  # a full group commits itself
+        j.put(k, k, True, k)
+    assert _on_disk(path) == {"k1", "k2", "k3", "k4", "k5"} and j.commits == 2
+    j.put_many([("k6", "f", True, "6"), ("k7", "g", True, "7")])
+    assert {"k6", "k7"} <= _on_disk(path) and j.commits == 3
+    j.put("k8", "h", True, "8")
+    j.close()  # close commits what is buffered
+    assert "k8" in _on_disk(path)
+    aged = Journal(path, max_pending=100, max_delay=0.0)  # an old group commits on the next put
+    aged.put("k9", "i", True, "9")
+    assert "k9" in _on_disk(path)
+    aged.close()
 
 
 def test_stats_fill_rates() -> None:
