@@ -2,7 +2,8 @@
 
 ``gen(tools=..., max_tokens=N)`` builds its grammar with :func:`fit_to_budget`: every
 free-length part of the arguments gets a bound -- strings a ``maxLength``, arrays a
-``maxItems``, open objects a ``maxProperties`` -- chosen as large as possible such that the
+``maxItems``, open objects a ``maxProperties``, never below the schema's own minimums
+(:mod:`structgen.constraints.schema.bounds`) -- chosen as large as possible such that the
 longest call the grammar allows (every argument at its longest, with the tool's name, keys,
 punctuation and the format's call block) is at most ``N - 1`` characters (one token is
 kept for the end of sequence). A token is at least one byte, so the first call of a turn
@@ -23,122 +24,27 @@ token, a schema without a type (any JSON) is counted as a bounded string, and fr
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import Any
 
+from structgen.constraints.schema.bounds import NUMBER_CHARS, bounded_schema, json_chars
 from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 
 __all__ = ["MIN_CAP", "NUMBER_CHARS", "bounded_schema", "call_chars", "fit_to_budget"]
 
-#: characters counted for a JSON number (its digits cannot be bounded by a schema)
-NUMBER_CHARS = 12
 #: the smallest bound given: a budget too small for it is served best effort
 MIN_CAP = 8
-_DEPTH = 12  # deeper (recursive) schemas are counted as one bounded string
-
-
-def _items_cap(cap: int) -> int:
-    return max(2, cap // 6)
-
-
-def _resolve(node: Any, root: dict[str, Any]) -> Any:
-    ref = node.get("$ref") if isinstance(node, dict) else None
-    if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return target
-    return node
-
-
-def _chars(node: Any, root: dict[str, Any], cap: int, depth: int = 0) -> float:
-    """The longest JSON text ``node`` allows once bounded with ``cap`` (``inf``: no bound)."""
-    if depth > _DEPTH:  # a recursive schema: counted as a bounded string (a plan, see above)
-        return cap + 2.0
-    node = _resolve(node, root)
-    if not isinstance(node, dict) or not node:
-        return cap + 2.0  # any JSON: bounded as a string by bounded_schema
-    if "const" in node:
-        return float(len(json.dumps(node["const"], ensure_ascii=False)))
-    if "enum" in node:
-        return float(max((len(json.dumps(v, ensure_ascii=False)) for v in node["enum"]), default=0))
-    alts = node.get("anyOf") or node.get("oneOf")
-    if isinstance(alts, list) and alts:
-        return max(_chars(a, root, cap, depth + 1) for a in alts)
-    kind = node.get("type")
-    if isinstance(kind, list):
-        return max((_chars({**node, "type": k}, root, cap, depth + 1) for k in kind), default=0.0)
-    if kind == "string":
-        return 2.0 + min(cap, int(node.get("maxLength", cap)))
-    if kind in ("number", "integer"):
-        return float(NUMBER_CHARS)
-    if kind == "boolean":
-        return 5.0
-    if kind == "null":
-        return 4.0
-    if kind == "array":
-        n = min(_items_cap(cap), int(node.get("maxItems", _items_cap(cap))))
-        prefix = node.get("prefixItems") or []
-        item = node.get("items", {})
-        parts = [_chars(p, root, cap, depth + 1) for p in prefix[:n]]
-        if item is not False:
-            parts += [_chars(item, root, cap, depth + 1)] * (n - len(parts))
-        return 2.0 + sum(p + 2 for p in parts)
-    if kind == "object" or "properties" in node:
-        props = node.get("properties") or {}
-        total = 2.0 + sum(len(json.dumps(k, ensure_ascii=False)) + 4 + _chars(v, root, cap, depth + 1)
-                          for k, v in props.items())
-        extra = node.get("additionalProperties", True)
-        if extra is not False:
-            n = min(_items_cap(cap), int(node.get("maxProperties", _items_cap(cap))))
-            value = extra if isinstance(extra, dict) else {}
-            total += n * (cap + 6 + _chars(value, root, cap, depth + 1))
-        return total
-    return cap + 2.0
-
-
-def _bound(node: Any, cap: int) -> Any:
-    """``node`` with every free length bounded by ``cap`` (a copy; $defs bounded too)."""
-    if isinstance(node, list):
-        return [_bound(v, cap) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {k: (v if k in ("enum", "const", "default", "examples", "required")
-                          else {n: _bound(s, cap) for n, s in v.items()} if k in ("properties", "$defs", "definitions")
-                          and isinstance(v, dict) else _bound(v, cap)) for k, v in node.items()}
-    if "enum" in out or "const" in out or "$ref" in out:
-        return out
-    kind = out.get("type")
-    kinds: list[Any] = kind if isinstance(kind, list) else [kind]
-    if not out or (kind is None and not ({"anyOf", "oneOf", "allOf", "properties", "items"} & set(out))):
-        out.setdefault("type", "string")  # any JSON: a bounded string
-        kinds = [out["type"]] if isinstance(out["type"], str) else out["type"]
-    if "string" in kinds:
-        out["maxLength"] = min(cap, int(out.get("maxLength", cap)))
-        out["minLength"] = min(int(out.get("minLength", 0)), out["maxLength"])
-    if "array" in kinds:
-        out["maxItems"] = min(_items_cap(cap), int(out.get("maxItems", _items_cap(cap))))
-        out["minItems"] = min(int(out.get("minItems", 0)), out["maxItems"])
-    if ("object" in kinds or "properties" in out) and out.get("additionalProperties", True) is not False:
-        out["maxProperties"] = len(out.get("properties") or {}) + min(
-            _items_cap(cap), int(out.get("maxProperties", _items_cap(cap))))
-    return out
-
-
-def bounded_schema(schema: dict[str, Any], cap: int) -> dict[str, Any]:
-    """``schema`` with strings at most ``cap`` characters, arrays ``cap // 4`` items (at least one)."""
-    return dict(_bound(copy.deepcopy(schema), cap))
+#: the tool grammar's JSON separators (item, key): :data:`structgen.tools.grammar.JSON_STYLE`
+_SEPARATORS = (", ", ": ")
 
 
 def call_chars(fmt: ToolFormat, tool: Tool, cap: int) -> float:
     """The longest text one call of ``tool`` can take in ``fmt`` with bounds ``cap``."""
     head = len(f'{{"name": {json.dumps(tool.name, ensure_ascii=False)}, "{fmt.args_key}": ') + 1
     wrap = len(fmt.separator) + (0 if fmt.list_style else len(fmt.open) + len(fmt.close))
-    return head + wrap + _chars(tool.parameters, tool.parameters, cap)
+    return head + wrap + json_chars(tool.parameters, tool.parameters, cap, separators=_SEPARATORS)
 
 
 def _without_optional(tool: Tool, drop: int) -> Tool:

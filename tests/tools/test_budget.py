@@ -88,8 +88,9 @@ def test_bounded_schema_keeps_enums_and_tighter_bounds():
     out = bounded_schema(schema, 20)
     p = out["properties"]
     assert p["a"]["maxLength"] == 3 and "maxLength" not in p["b"]
-    assert p["c"]["maxItems"] == 3 and p["c"]["minItems"] == 3 and p["c"]["items"]["maxLength"] == 20
-    assert p["d"]["maxProperties"] == 3 and p["e"] == {"type": "string", "maxLength": 20, "minLength": 0}
+    # never below the schema's own minimum: the bounded schema accepts a subset of the original
+    assert p["c"]["maxItems"] == 9 and p["c"]["minItems"] == 9 and p["c"]["items"]["maxLength"] == 20
+    assert p["d"]["maxProperties"] == 3 and p["e"] == {"type": "string", "maxLength": 20}
     assert schema["properties"]["a"] == {"type": "string", "maxLength": 3}  # the tool's own schema untouched
 
 
