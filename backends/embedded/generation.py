@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from structgen.backends.embedded.sampler import Sampler, TokenMask, token_mask
+from structgen.backends.embedded.sampler import Sampler, TokenMask, masked_logprob, token_mask
 from structgen.backends.embedded.text import IncrementalDetokenizer, StopMatcher
 from structgen.constraints.bitmask import allocate_token_bitmask
 from structgen.contract.backend import Cancellation, GenerateRequest, GenerateResult
@@ -67,6 +67,9 @@ class GenSequence:
         self.matched: Any = None
         self.logprobs: list[tuple[float, int, str | None]] = []
         self.top_logprobs: list[list[tuple[float, int, str | None]]] = []
+        #: under a constraint, each token's log-probability in the constrained distribution
+        #: (the model's, renormalised over the tokens the mask allowed at that step)
+        self.constrained_logprobs: list[float] = []
         self.matcher = compiled.matcher() if compiled is not None else None
         self.bitmask = allocate_token_bitmask(1, vocab) if compiled is not None else None
         self._mask: TokenMask | None = None  # the next step's mask, unpacked by compute_mask
@@ -131,6 +134,8 @@ class GenSequence:
         token = self.sampler.choose(logits, self._mask, self._banned())
         if raw is not None:
             self.logprobs.append((float(raw[token]), token, self._text_of(token)))
+            if self._mask is not None:
+                self.constrained_logprobs.append(masked_logprob(raw, self._mask, token))
             if p.top_logprobs_num:
                 top = torch.topk(raw, min(p.top_logprobs_num, raw.numel()))
                 self.top_logprobs.append([(float(v), int(t), self._text_of(int(t)))
@@ -203,6 +208,8 @@ class GenSequence:
         meta = {**meta, "completion_tokens": len(self.out_ids), "finish_reason": info}
         if self.params.return_logprob:
             meta["output_token_logprobs"] = list(self.logprobs)
+            if self.matcher is not None and len(self.constrained_logprobs) == len(self.logprobs):
+                meta["output_token_constrained_logprobs"] = list(self.constrained_logprobs)
             if self.params.top_logprobs_num:
                 meta["output_top_logprobs"] = list(self.top_logprobs)
         return GenerateResult(text=self.text, finish_reason=self.finish_reason,  # type: ignore[arg-type]

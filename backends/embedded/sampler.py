@@ -3,7 +3,10 @@ top-k / top-p / min-p truncation, and seeded sampling.
 
 Log-probabilities reported to users are those of the model's own distribution at that
 step (``log_softmax`` of the raw logits, before penalties, mask and temperature), like
-an engine's ``return_logprob``.
+an engine's ``return_logprob``. Under a constraint, :func:`masked_logprob` also gives the
+token's log-probability in the constrained distribution (the model's, renormalised over the
+tokens the mask allowed): what per-field confidence reads, since a value the constraint
+forces is certain whatever the model would have preferred.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 
 from structgen.contract.backend import SamplingParams
 
-__all__ = ["Sampler", "TokenMask", "token_mask"]
+__all__ = ["Sampler", "TokenMask", "masked_logprob", "token_mask"]
 
 
 
@@ -51,6 +54,23 @@ def token_mask(bitmask: Any, vocab: int) -> TokenMask:
         return TokenMask(allowed=allowed)
     return TokenMask(disallowed=np.flatnonzero(bits == 0) if bits.size == vocab else
                      np.concatenate([np.flatnonzero(bits == 0), np.arange(bits.size, vocab)]))
+
+
+def masked_logprob(raw: torch.Tensor, mask: TokenMask, token: int) -> float:
+    """``token``'s log-probability under ``raw`` (a step's log-softmax, ``[vocab]``, CPU)
+    renormalised over the tokens ``mask`` allows (numpy: no torch kernel launches)."""
+    arr = raw.numpy()
+    if mask.allowed is not None:
+        kept = arr[mask.allowed]
+    else:
+        keep = np.ones(arr.size, dtype=bool)
+        if mask.disallowed is not None:
+            keep[mask.disallowed] = False
+        kept = arr[keep]
+    if kept.size == 0:
+        return float(arr[token])
+    top = float(kept.max())
+    return float(arr[token]) - (top + float(np.log(np.exp(kept - top).sum())))
 
 
 @dataclass

@@ -1,7 +1,12 @@
 """Per-field confidence: the log-probabilities of the tokens that wrote each JSON leaf.
 
-The constrained decode reports, per generated token, the model's own log-probability of
-it (``return_logprob=True``). :func:`leaf_confidence` lays the tokens over the output text
+The constrained decode reports, per generated token, its log-probability
+(``return_logprob=True``). Where the backend also reports it in the *constrained*
+distribution (``output_token_constrained_logprobs``: the model's distribution renormalised
+over the tokens the constraint allowed at that step -- the embedded backend does), that is
+the one used (:func:`confidence_entries`): a value the constraint forces is then certain,
+and a value is uncertain only when the model hesitated between values the schema allows.
+Elsewhere the model's own log-probabilities are used. :func:`leaf_confidence` lays the tokens over the output text
 and gives every leaf value (by JSON path) the mean and the minimum log-probability of the
 tokens that overlap it -- a string's quotes included, since its first token often carries
 the opening quote. Tokens the constraint forced without sampling carry no log-probability
@@ -11,16 +16,27 @@ no alternative).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from structgen.errors import ProgramError
 from structgen.extract.jsonspans import leaf_spans
 
-__all__ = ["TokenSpan", "leaf_confidence", "token_spans"]
+__all__ = ["TokenSpan", "confidence_entries", "leaf_confidence", "token_spans"]
 
 #: (start, end, logprob or None) of one output token in the text
 TokenSpan = tuple[int, int, float | None]
+
+
+def confidence_entries(meta: Mapping[str, Any]) -> list[Any]:
+    """A result's ``(logprob, token_id, token_text)`` entries for confidence: the constrained
+    log-probabilities where the backend reports them, else ``output_token_logprobs``."""
+    entries = list(meta.get("output_token_logprobs") or [])
+    masked = meta.get("output_token_constrained_logprobs")
+    if masked and len(masked) == len(entries):
+        return [(lp, *tuple(e)[1:]) if isinstance(e, (list, tuple)) else lp
+                for e, lp in zip(entries, masked, strict=True)]
+    return entries
 
 
 def token_spans(text: str, entries: Sequence[Any], decode: Callable[[list[int]], str] | None = None,

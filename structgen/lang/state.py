@@ -124,11 +124,12 @@ class ProgramState:
     def confidence(self, name: str) -> dict[str, dict[str, float]]:
         """Per-field confidence of a JSON variable generated with ``return_logprob=True``:
         ``{json path: {"mean": ..., "min": ...}}``, the token log-probabilities of each leaf
-        value (:func:`structgen.extract.confidence.leaf_confidence`)."""
-        from structgen.extract.confidence import leaf_confidence, token_spans
+        value, in the constrained distribution where the backend reports it
+        (:mod:`structgen.extract.confidence`)."""
+        from structgen.extract.confidence import confidence_entries, leaf_confidence, token_spans
 
         text = self[name]
-        entries = (self._interp.meta.get(name) or {}).get("output_token_logprobs")
+        entries = confidence_entries(self._interp.meta.get(name) or {})
         if not entries:
             raise ProgramError(f"variable {name!r} has no token logprobs: generate it with return_logprob=True",
                                program=self._run.program)
