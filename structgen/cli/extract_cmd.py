@@ -84,6 +84,10 @@ def extract_command(
     confidence: Annotated[bool, typer.Option(
         "--confidence", rich_help_panel=_GEN,
         help="Add per-field confidence: mean and minimum token log-probability of each leaf value.")] = False,
+    fit_budget: Annotated[bool, typer.Option(
+        "--fit-budget/--no-fit-budget", rich_help_panel=_GEN,
+        help="Bound the schema's strings and arrays so the longest object fits --max-tokens "
+             "(a runaway value cannot cut the record).")] = True,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, rich_help_panel=_JOB,
                                              help="Records in flight at once.")] = 64,
     journal: Annotated[Path | None, typer.Option(
@@ -129,7 +133,8 @@ def extract_command(
         fields=Fields(text=text_field, id=id_field, schema=schema_field),
         instructions=instructions.read_text(encoding="utf-8") if instructions else None,
         few_shot=str(few_shot) if few_shot else None,
-        config=ExtractConfig(max_tokens=max_tokens, temperature=temperature, retries=retries, confidence=confidence),
+        config=ExtractConfig(max_tokens=max_tokens, temperature=temperature, retries=retries, confidence=confidence,
+                             fit_budget=fit_budget),
         concurrency=concurrency, journal=str(journal) if journal else None, resume=not no_resume,
         retry_failed=retry_failed, output_format=output_format.value if output_format else None,
         quiet=quiet, summary=str(summary) if summary else None)

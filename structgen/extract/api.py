@@ -78,7 +78,8 @@ def extract(inputs: Iterable[Any] | str | Path, schema: Any = None, *, backend: 
             instructions: str | Path | None = None, few_shot: str | Path | Sequence[Any] | None = None,
             max_tokens: int = 512, temperature: float = 0.0, retries: int = 1, confidence: bool = False,
             concurrency: int = DEFAULT_CONCURRENCY, journal: str | Path | None = None,
-            retry_failed: bool = False, fields: Fields | None = None) -> Iterator[ExtractResult]:
+            retry_failed: bool = False, fields: Fields | None = None,
+            fit_budget: bool = True) -> Iterator[ExtractResult]:
     """Extract ``schema`` from every input; yield one :class:`ExtractResult` per input, in
     input order, as they finish.
 
@@ -87,13 +88,15 @@ def extract(inputs: Iterable[Any] | str | Path, schema: Any = None, *, backend: 
     ``result.data`` is an instance of it), a JSON schema dict, a bundled schema's name, a
     ``.json`` file or ``pkg.module:Model``; a record's own ``schema`` (``fields.schema``)
     overrides it. ``journal``: an SQLite file recording finished records, so a rerun skips
-    them (``retry_failed`` re-runs the failed ones). Never raises for one record: a failure
-    is the result's ``error``.
+    them (``retry_failed`` re-runs the failed ones). ``fit_budget``: bound the schema's free
+    lengths so the longest object fits ``max_tokens`` (:mod:`structgen.extract.fit`). Never
+    raises for one record: a failure is the result's ``error``.
     """
     be = resolve(backend)
     fields = fields or Fields()
     records = read_records(inputs, fields) if isinstance(inputs, (str, Path)) else as_records(inputs, fields)
-    cfg = ExtractConfig(max_tokens=max_tokens, temperature=temperature, retries=retries, confidence=confidence)
+    cfg = ExtractConfig(max_tokens=max_tokens, temperature=temperature, retries=retries, confidence=confidence,
+                        fit_budget=fit_budget)
     prompts = PromptBuilder(be, instructions=_instructions(instructions), examples=_examples(few_shot))
     extractor = Extractor(be, schema, config=cfg, prompts=prompts)
     jr = Journal(journal) if journal is not None else None

@@ -26,7 +26,8 @@ from typing import Any
 from structgen.constraints.validation import validate_output
 from structgen.contract.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from structgen.errors import BackendError, InputError, OutputValidationError, StructgenError
-from structgen.extract.confidence import TokenSpan, leaf_confidence, token_spans
+from structgen.extract.confidence import TokenSpan, confidence_entries, leaf_confidence, token_spans
+from structgen.extract.fit import BudgetFit
 from structgen.extract.jsonspans import resume_point
 from structgen.extract.prompt import PromptBuilder, Turn
 from structgen.extract.records import ExtractResult, InputRecord, RecordError, Usage
@@ -40,7 +41,8 @@ class ExtractConfig:
     """How each record is generated. ``retries``: extra attempts after a rejected output
     (with the validator's feedback); ``confidence``: per-leaf log-probabilities (the
     backend must return token logprobs); ``resume_prefix``: on backends that can, keep the
-    valid part of a rejected output on retry."""
+    valid part of a rejected output on retry; ``fit_budget``: generate under the schema with
+    its free lengths bounded to fit ``max_tokens`` (:mod:`structgen.extract.fit`)."""
 
     max_tokens: int = 512
     temperature: float = 0.0
@@ -49,6 +51,9 @@ class ExtractConfig:
     confidence: bool = False
     resume_prefix: bool = True
     backend_retries: int = 2
+    #: bound the schema's free lengths so the longest object fits max_tokens
+    #: (:mod:`structgen.extract.fit`)
+    fit_budget: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -60,7 +65,7 @@ class ExtractConfig:
         """What changes the output (part of each record's progress key)."""
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "retries": self.retries,
                 "retry_temperature": self.retry_temperature, "confidence": self.confidence,
-                "resume_prefix": self.resume_prefix}
+                "resume_prefix": self.resume_prefix, "fit_budget": self.fit_budget}
 
 
 def _first_path(errors: list[str]) -> str | None:
@@ -95,6 +100,8 @@ class Extractor:
         self._warmed: dict[str, threading.Event] = {}  # schema digest -> its prefix is computed
         self._warm_lock = threading.Lock()
         self._decode = self._tokenizer_decode()
+        encode = getattr(backend, "encode", None) if config.fit_budget else None
+        self._fit = BudgetFit(config.max_tokens, encode if callable(encode) else None)
 
     def _tokenizer_decode(self) -> Callable[[list[int]], str] | None:
         tok = getattr(self.backend, "tokenizer", None)
@@ -158,11 +165,12 @@ class Extractor:
         params = SamplingParams(max_new_tokens=cfg.max_tokens, temperature=cfg.temperature,
                                 return_logprob=cfg.confidence, return_text_in_logprobs=cfg.confidence)
         turns: list[Turn] = self.prompts.turns(record, schema)
+        constraint = self._fit.spec_for(schema, record.text or " ".join(str(m[-1]) for m in record.messages))
         prefix = ""
         kept: list[TokenSpan] = []
         error: RecordError | None = None
         for attempt in range(cfg.retries + 1):
-            request = self.prompts.request(turns, schema, params, record.id)
+            request = replace(self.prompts.request(turns, schema, params, record.id), constraint=constraint)
             res = self._generate(request, prefix)
             if isinstance(res, StructgenError):
                 return ExtractResult(record.id, error=record_error(res), usage=usage)
@@ -195,7 +203,7 @@ class Extractor:
         return ExtractResult(record.id, error=error, usage=usage)
 
     def _spans(self, res: GenerateResult, offset: int, text: str) -> list[TokenSpan]:
-        entries = res.meta.get("output_token_logprobs")
+        entries = confidence_entries(res.meta)
         if not entries:
             raise BackendError("the backend returned no token logprobs for --confidence",
                                backend=self.backend.name)

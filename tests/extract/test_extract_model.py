@@ -82,7 +82,8 @@ def test_heterogeneous_schemas_share_the_compile_cache(embedded_backend: Any) ->
                InputRecord("p2", "Bo is 41.", schema=Person), InputRecord("c2", "Home is Graz.", schema=City)]
     cache = compiler_for(embedded_backend.tokenizer, n_vocab=embedded_backend.vocab_size).cache
     before = cache.stats()
-    results = list(structgen.extract(records, backend=embedded_backend, max_tokens=24, retries=0))
+    # fit_budget off: one constraint per schema (with it, one per schema and bound: below)
+    results = list(structgen.extract(records, backend=embedded_backend, max_tokens=24, retries=0, fit_budget=False))
     after = cache.stats()
     assert [type(r.data).__name__ for r in results] == ["Person", "City", "Person", "City"]
     assert after.misses - before.misses <= 2  # at most one compile per schema, then hits
@@ -220,3 +221,42 @@ def test_state_confidence_in_the_dsl(embedded_backend: Any) -> None:
 
     with pytest.raises(structgen.ProgramError, match="return_logprob=True"):
         plain.run(backend=embedded_backend).confidence("p")
+
+
+class Notes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str
+    summary: str
+    tags: list[str]
+
+
+def test_fit_budget_bounds_every_free_length_to_fit_max_tokens(embedded_backend: Any) -> None:
+    from structgen.constraints.schema.bounds import items_cap, json_chars
+    from structgen.extract.fit import CAP_STEPS, MIN_CAP, BudgetFit, chars_per_token
+
+    schema = resolve_schema(Notes)
+    assert BudgetFit(64, None).spec_for(schema, "text") is schema.spec  # no tokenizer: the schema as it is
+    texts = ["The quarterly report says revenue grew in every region, led by a new product line.",
+             "会议纪要：本季度营收增长，新产品线表现突出。"]
+    for max_tokens in (48, 96, 400):
+        fit = BudgetFit(max_tokens, embedded_backend.encode)
+        for text in texts:
+            ratio = chars_per_token(text, embedded_backend.encode)
+            spec = fit.spec_for(schema, text)
+            assert fit.spec_for(schema, text) is spec  # cached per (schema, characters per token)
+            cap = fit.cap(schema, ratio)
+            assert cap in CAP_STEPS
+            bounded = spec.schema_dict
+            props = bounded["properties"]
+            assert props["title"]["maxLength"] == props["summary"]["maxLength"] == cap
+            assert props["tags"]["maxItems"] == items_cap(cap) and props["tags"]["items"]["maxLength"] == cap
+            # the longest object the constraint allows fits the budget (unless even the floor does not)
+            assert json_chars(bounded, bounded, 10**6) <= (max_tokens - 1) * ratio or cap == MIN_CAP
+    results = list(structgen.extract(texts, Notes, backend=embedded_backend, max_tokens=48, retries=0))
+    for text, r in zip(texts, results, strict=True):
+        cap = BudgetFit(48, embedded_backend.encode).cap(schema, chars_per_token(text, embedded_backend.encode))
+        if r.ok:  # validated against the original schema, within the bound
+            assert isinstance(r.data, Notes)
+            assert max(len(r.data.title), len(r.data.summary), *map(len, r.data.tags or [""])) <= cap
+        else:
+            assert r.error is not None and r.error.type == "OutputValidationError", r.error
