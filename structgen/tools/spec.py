@@ -22,6 +22,7 @@ answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from structgen.constraints.kind import ConstraintKind, register_kind
 from structgen.constraints.spec import GrammarSpec
 from structgen.contract.chat_template import ChatTemplate
 from structgen.errors import ProgramError
-from structgen.tools.budget import fit_to_budget
+from structgen.tools.budget import fit_calls
 from structgen.tools.calls import ToolTurn, parse_turn
 from structgen.tools.definition import Tool, as_tools
 from structgen.tools.formats import FORMATS, INJECTED, ToolFormat, tools_template
@@ -160,9 +161,11 @@ register_kind(ConstraintKind(name="tools", spec_type=ToolCallSpec, feature="tool
 
 
 def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "auto", parallel: Any = False,
-               think: Any = None, max_tokens: int | None = None) -> ToolCallSpec:
-    """The spec of one turn; with ``max_tokens`` every call fits that budget
-    (:func:`structgen.tools.budget.fit_to_budget`: bounded arguments)."""
+               think: Any = None, max_tokens: int | None = None, bound_calls: bool = True) -> ToolCallSpec:
+    """The spec of one turn; with ``max_tokens`` the whole turn fits that budget
+    (:func:`structgen.tools.budget.fit_calls`: bounded arguments, and a parallel turn's
+    ``max_calls`` lowered to the calls that fit -- unless ``bound_calls`` is False: a chat
+    API writes its calls in its own syntax, so only the arguments are bounded there)."""
     mode, allowed = normalize_choice(tool_choice, tools)
     k = normalize_parallel(parallel)
     th = normalize_think(think)
@@ -170,7 +173,8 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
     caps = None
     if max_tokens is not None and mode != "none":
         reserved = 0 if th is None or len(th) < 3 else len(th[0]) + len(th[1]) + 1 + int(th[2])
-        fitted = fit_to_budget(fmt, chosen, max_tokens=max_tokens, reserved=reserved)
+        fit_k, fitted = fit_calls(fmt, chosen, max_tokens=max_tokens, max_calls=k, reserved=reserved)
+        k = fit_k if bound_calls else k
         chosen, caps = [t for t, _ in fitted], [c for _, c in fitted]
     grammar = tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th, caps=caps)
     tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
@@ -214,8 +218,26 @@ class ToolRequest:
         take tools natively; their results are written in the injected format), its
         calls fitted to ``max_tokens`` when given."""
         fmt = INJECTED if template is None else tools_template(template)[1]
-        return build_spec(self.tools, fmt, tool_choice=self.choice(), parallel=self.parallel, think=self.think,
-                          max_tokens=max_tokens)
+        # the count, not the value, is the key: True == 1 as a dataclass field, 16 calls vs 1
+        key = (self, fmt, max_tokens, template is not None, normalize_parallel(self.parallel))
+        try:
+            hash(key)
+        except TypeError:  # built by hand with an unhashable field: not memoized
+            return _build(*key)
+        return _resolved(*key)
 
     def describe(self) -> str:
         return f"tool calls ({', '.join(t.name for t in self.tools)})"
+
+
+def _build(request: ToolRequest, fmt: ToolFormat, max_tokens: int | None, bound_calls: bool,
+           parallel: int) -> ToolCallSpec:
+    return build_spec(request.tools, fmt, tool_choice=request.choice(), parallel=parallel,
+                      think=request.think, max_tokens=max_tokens, bound_calls=bound_calls)
+
+
+#: a turn's spec, built once: a probed ``auto`` turn resolves its request twice (the probe,
+#: then the decided turn), and a program run again with the same tools resolves the same
+#: request. A pure function of its key (tools compare by identity; a tool's schema is not
+#: expected to change in place once it is in use).
+_resolved = functools.lru_cache(maxsize=256)(_build)

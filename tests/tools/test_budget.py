@@ -3,18 +3,37 @@ that could run away, so a call closes within the budget.
 
 Checked against the real SmolLM2 tokenizer and llguidance's matcher (the bound is in the
 grammar), and on the real model with a prompt that asks for a long argument and a small
-``max_tokens``: the call closes, parses and validates, and is not cut.
+``max_tokens``: the call closes, parses and validates, and is not cut. A parallel turn is
+planned as a whole (``fit_calls``): in every format its longest text -- the block and ``k'``
+calls at their longest -- fits, one call more is refused, and a token policy that always
+extends (the longest strings, one more item, one more call) still closes within the budget.
 """
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 import structgen as sg
+from structgen.backends.fake import FakeBackend
+from structgen.constraints.bitmask import allocate_token_bitmask, allowed_token_ids
 from structgen.constraints.compiler import compiler_for
-from structgen.tools.budget import MIN_CAP, bounded_schema, call_chars, fit_to_budget
-from structgen.tools.formats import INJECTED
-from structgen.tools.spec import build_spec
+from structgen.contract.backend import Capabilities, GenerateResult
+from structgen.contract.chat_template import ChatTemplate
+from structgen.tools import spec as spec_module
+from structgen.tools.budget import (
+    CALL_FLOOR,
+    MIN_CAP,
+    block_chars,
+    bounded_schema,
+    call_chars,
+    fit_calls,
+    fit_to_budget,
+)
+from structgen.tools.formats import FORMATS, INJECTED
+from structgen.tools.spec import MAX_PARALLEL, ToolRequest, build_spec
 
 
 @sg.tool
@@ -115,3 +134,160 @@ def test_a_call_closes_within_a_small_max_tokens_on_the_real_model(embedded_back
     assert len(call.raw_arguments["text"]) <= cap and all(len(t) <= cap for t in call.raw_arguments["tags"])
     meta = st.get_meta_info("turn")
     assert meta["finish_reason"] != "length" and meta["completion_tokens"] <= budget
+
+
+# -- a parallel turn fits as a whole ---------------------------------------------------------
+def longest_note(cap: int) -> dict:
+    """``note``'s longest arguments with bound ``cap`` (the grammar's items bound: cap // 6)."""
+    return {"text": "a" * cap, "tags": ["a" * cap] * max(2, cap // 6)}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("parallel", [2, 3, True])
+@pytest.mark.parametrize("max_tokens", [96, 192, 256, 512])
+def test_k_calls_at_their_longest_fit_the_budget(fmt, parallel, max_tokens):
+    f = FORMATS[fmt]
+    k = MAX_PARALLEL if parallel is True else parallel
+    spec = build_spec([note, lookup], f, tool_choice="required", parallel=parallel, max_tokens=max_tokens)
+    kk, fitted = fit_calls(f, [note, lookup], max_tokens=max_tokens, max_calls=k)
+    assert spec.max_calls == kk and 1 <= kk <= k
+    room = max_tokens - 1 - block_chars(f)
+    for (tool, cap), orig in zip(fitted, (note, lookup), strict=True):
+        assert kk * call_chars(f, tool, cap) + block_chars(f) <= max_tokens - 1 or (kk == 1 and cap == MIN_CAP)
+        if kk > 1:  # a tool keeps every argument when k' full calls of it fit at the floor
+            assert cap >= CALL_FLOOR
+            assert (tool is orig) == (kk * call_chars(f, orig, CALL_FLOOR) <= room)
+    if kk < k:  # the most that fit: one call more does not, with every argument kept at the floor
+        assert max(call_chars(f, t, CALL_FLOOR) for t in (note, lookup)) * (kk + 1) > room
+    if kk == 1:  # nor two calls with the optional arguments left out
+        lean = [fit_to_budget(f, [t], max_tokens=1)[0][0] for t in (note, lookup)]
+        assert max(call_chars(f, t, CALL_FLOOR) for t in lean) * 2 > room
+
+
+def test_a_budget_for_fewer_calls_lowers_the_count_and_none_for_two_leaves_one():
+    assert build_spec([note], INJECTED, tool_choice="required", parallel=True, max_tokens=64).max_calls == 1
+    assert build_spec([note], INJECTED, tool_choice="required", parallel=True).max_calls == MAX_PARALLEL
+    (_, one), = fit_to_budget(INJECTED, [note], max_tokens=64)
+    assert fit_calls(INJECTED, [note], max_tokens=64, max_calls=MAX_PARALLEL) == (1, [(note, one)])
+    many = build_spec([note], INJECTED, tool_choice="required", parallel=True, max_tokens=4096)
+    assert many.max_calls == MAX_PARALLEL  # a large budget: k itself
+    assert build_spec([note], INJECTED, tool_choice="required", parallel=3, max_tokens=4096).max_calls == 3
+
+
+def test_optional_arguments_go_only_when_two_calls_do_not_fit_with_them():
+    f = INJECTED
+    full = call_chars(f, lookup, CALL_FLOOR)
+    lean = call_chars(f, fit_to_budget(f, [lookup], max_tokens=1)[0][0], CALL_FLOOR)  # all optional dropped
+    assert lean < full
+    budget = int(2 * lean)  # two lean calls fit, two full ones do not
+    max_tokens = budget + 1 + block_chars(f)
+    assert 2 * lean <= budget < 2 * full
+    k, ((tool, cap),) = fit_calls(f, [lookup], max_tokens=max_tokens, max_calls=4)
+    assert k == 2 and cap >= CALL_FLOOR and list(tool.parameters["properties"]) == ["city"]
+    k, ((tool, _),) = fit_calls(f, [lookup], max_tokens=2 * int(full) + 1 + block_chars(f), max_calls=4)
+    assert k == 2 and tool is lookup  # room for two full calls: every argument kept
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("max_tokens", [320, 512])
+def test_the_grammar_takes_k_longest_calls_and_refuses_one_more(compiler, fmt, max_tokens):
+    f = FORMATS[fmt]
+    spec = build_spec([note], f, tool_choice="required", parallel=True, max_tokens=max_tokens)
+    (_, cap), = fit_calls(f, [note], max_tokens=max_tokens, max_calls=MAX_PARALLEL)[1]
+    k = spec.max_calls
+    assert k >= 2
+    text = f.render_calls([("note", longest_note(cap))] * k)
+    assert len(text) <= max_tokens - 1  # the plan holds for the grammar's longest turn
+    assert accepts(compiler, spec, text)
+    assert len(spec.validate_output(text).calls) == k
+    assert not accepts(compiler, spec, f.render_calls([("note", {"text": "a", "tags": []})] * (k + 1)))
+
+
+def extend_walk(compiler, spec, limit: int) -> tuple[str, int]:
+    """Drive the grammar with an adversary that always extends: at each step the allowed
+    one-character token first in: a , ; newline " [ { (fill strings, one more item or call),
+    else the shortest allowed token, the end of sequence only when nothing else is allowed.
+    ``(text, tokens)``; fails past ``limit`` tokens."""
+    m = compiler.compile(spec).matcher()
+    eos = compiler.eos_token_id
+    prefer = []
+    for ch in 'a,;\n"[{':
+        ids = m.tokenize_bytes(ch.encode())
+        assert len(ids) == 1
+        prefer.append(ids[0])
+    bitmask = allocate_token_bitmask(1, compiler.vocab_size, kind="numpy")
+    out: list[int] = []
+    while not m.is_stopped():
+        m.fill_bitmask(bitmask)
+        allowed = allowed_token_ids(bitmask, 0, compiler.vocab_size).tolist()
+        choices = [t for t in allowed if t != eos]
+        if not choices:
+            break
+        pick = next((t for t in prefer if t in set(choices)), None)
+        if pick is None:
+            pick = min(choices[:5000], key=lambda t: len(m.token_bytes([t])))
+        assert m.consume(pick), m.error()
+        out.append(pick)
+        assert len(out) <= limit, m.token_bytes(out)
+    assert m.is_accepting()
+    return m.token_bytes(out).decode(), len(out)
+
+
+@pytest.mark.parametrize("fmt, choice", [(f, "required") for f in sorted(FORMATS)] + [("structgen", "auto")])
+def test_an_always_extending_policy_closes_within_max_tokens(compiler, fmt, choice):
+    max_tokens = 320  # two calls of note in every format
+    spec = build_spec([note], FORMATS[fmt], tool_choice=choice, parallel=True, max_tokens=max_tokens)
+    assert spec.max_calls >= 2
+    text, tokens = extend_walk(compiler, spec, max_tokens - 1)
+    assert tokens <= len(text) <= max_tokens - 1  # closed with a token to spare for the end of sequence
+    turn = spec.validate_output(text)
+    assert len(turn.calls) == spec.max_calls and not turn.truncated  # it did make every call it could
+    assert all(len(c.raw_arguments["text"]) >= CALL_FLOOR for c in turn.calls)
+
+
+def test_without_the_plan_the_same_policy_runs_away(compiler):
+    """The check above can fail: a grammar that allows more calls than fit runs past the budget."""
+    spec = build_spec([note], INJECTED, tool_choice="required", parallel=True, max_tokens=256)
+    (_, cap), = fit_to_budget(INJECTED, [note], max_tokens=256)  # one call's bounds, 16 calls allowed
+    loose = spec_module.tool_grammar(INJECTED, [note], mode="required", max_calls=MAX_PARALLEL, caps=[cap])
+    with pytest.raises(AssertionError):
+        extend_walk(compiler, type(spec)(grammar=loose), 255)
+
+
+# -- one build per turn ----------------------------------------------------------------------
+@sg.program
+def probed(s):
+    s += sg.use_tools([note])
+    s += sg.user("Save a note.")
+    s += sg.assistant(sg.gen("turn", tools=[note], parallel_tool_calls=True, max_tokens=48))
+
+
+def test_a_probed_turn_builds_its_spec_once(monkeypatch):
+    builds = []
+    real = spec_module.tool_grammar
+    monkeypatch.setattr(spec_module, "tool_grammar", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    spec_module._resolved.cache_clear()
+    caps = Capabilities(regex=True, json_schema=True, grammar=True, tools=True, prefix_cache=True,
+                        sampling=frozenset({"max_new_tokens", "temperature", "top_logprobs_num", "return_logprob",
+                                            "return_text_in_logprobs"}))
+    probe = GenerateResult(text="x", finish_reason="length",
+                           meta={"output_top_logprobs": [[(math.log(0.5), 7, "<")]]})
+    call = '<tool_call>[{"name": "note", "arguments": {"text": "hi", "tags": []}}]</tool_call>'
+    for _ in range(2):  # the same tools run again: the same spec
+        fb = FakeBackend([probe, call], capabilities=caps)
+        st = probed.run(backend=fb)
+        st.raise_if_failed()
+        assert len(fb.requests) == 2 and fb.requests[0].constraint is None  # the probe, then the turn
+        assert [c.name for c in st.tool_calls("turn")] == ["note"]
+    assert len(builds) == 1
+
+
+def test_memoized_specs_keep_the_count_apart_and_chat_apis_keep_k():
+    many, one = ToolRequest.make([note], parallel=True), ToolRequest.make([note], parallel=1)
+    assert many == one  # True == 1 as a field value: the cache key must tell them apart
+    template = ChatTemplate(json.dumps, name="plain")  # no tools: the injected format
+    assert many.resolve(template, 4096).max_calls == MAX_PARALLEL and one.resolve(template, 4096).max_calls == 1
+    assert many.resolve(template, 64).max_calls == 1  # the budget holds one call in this format
+    assert many.resolve(None, 4096).max_calls == MAX_PARALLEL and one.resolve(None, 4096).max_calls == 1
+    assert many.resolve(None, 64).max_calls == MAX_PARALLEL  # a chat API writes calls its own way: k kept
+    assert many.resolve(None, 64) is many.resolve(None, 64)  # built once
