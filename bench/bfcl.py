@@ -2,6 +2,7 @@
 tool calls vs the same prompts unconstrained vs vLLM-CPU's own tool calling.
 
     python bench/bfcl.py [DIR] [--limit N] [--offset K] [--categories a,b] [--no-vllm] [--max-tokens T]
+                         [--parallel-max-tokens P]
 
 DIR defaults to ``../shared/bfcl`` next to the repository. ``--limit N`` takes the first N
 records of each category. One run, same model, same prompts (the tool list injected into
@@ -18,8 +19,11 @@ the system turn in structgen's documented format -- SmolLM2's template has no to
 ``valid_call_rate``: the share of turns whose calls all parse and validate; a turn cut by
 ``max_tokens`` inside its call block counts as invalid even when the grammar kept its
 whole calls (a call was lost), and a turn cut inside its first call is an error. With
-``gen(max_tokens=...)`` the tool grammar bounds the arguments so a call fits the budget
-(``structgen.tools.budget``).
+``gen(max_tokens=...)`` the tool grammar bounds the arguments so a call fits the budget,
+and a parallel turn makes at most as many calls as fit it whole (``structgen.tools.budget``:
+planned at one token per character, the worst case, so 192 tokens rarely hold two BFCL
+calls). ``--parallel-max-tokens P`` gives the ``*parallel*`` categories a budget of their own
+(default: ``--max-tokens``), the same for every system compared.
 
 The checker is ours, BFCL's AST style (``bench/bfcl_check.py``). ``accuracy`` is the mean
 of the per-category accuracies of the call categories (all but ``*irrelevance*``);
@@ -100,23 +104,25 @@ def parse_free(text: str) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
 
 
 # -- (a) and (b): structgen on the embedded backend ------------------------------------------
-def _items(cat: Category, recs: list[Record], constrained: bool, max_tokens: int, choice: str) -> list[dict[str, Any]]:
+def _items(cat: Category, recs: list[Record], constrained: bool, budgets: dict[str, int],
+           choice: str) -> list[dict[str, Any]]:
     return [{"messages": rec.messages, "tools": record_tools(rec), "constrained": constrained,
-             "parallel": cat.parallel, "max_tokens": max_tokens, "choice": choice} for rec in recs]
+             "parallel": cat.parallel, "max_tokens": budgets[cat.name], "choice": choice} for rec in recs]
 
 
 def _new_run() -> dict[str, Any]:
     return {"per_cat": {}, "valid": 0, "invalid": 0, "truncated": 0, "calls": {}, "wall": {}, "why": []}
 
 
-def run_structgen(backend: Any, cats: list[Category], constrained: bool, max_tokens: int,
+def run_structgen(backend: Any, cats: list[Category], constrained: bool, budgets: dict[str, int],
                   choice: str = "auto") -> dict[str, Any]:
+    """``budgets``: each category's ``max_tokens``."""
     run = _new_run()
-    bfcl_turn.run_batch(_items(cats[0], cats[0].records[:1], constrained, max_tokens, choice),
+    bfcl_turn.run_batch(_items(cats[0], cats[0].records[:1], constrained, budgets, choice),
                         backend=backend)  # warm-up, untimed
     for cat in cats:
         t0 = time.perf_counter()
-        states = bfcl_turn.run_batch(_items(cat, cat.records, constrained, max_tokens, choice), backend=backend,
+        states = bfcl_turn.run_batch(_items(cat, cat.records, constrained, budgets, choice), backend=backend,
                                      num_threads=16)
         run["wall"][cat.name] = time.perf_counter() - t0
         checks, ncalls = [], 0
@@ -167,7 +173,7 @@ def start_vllm(model_dir: str) -> Any:
     return ServerProcess(argv, port=port, ready_path="/health", log_path=log, env=env, startup_timeout=600).start()
 
 
-def run_vllm(url: str, cats: list[Category], tool_choice: str, max_tokens: int) -> dict[str, Any]:
+def run_vllm(url: str, cats: list[Category], tool_choice: str, budgets: dict[str, int]) -> dict[str, Any]:
     import httpx
 
     def one(job: tuple[Category, Record]) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
@@ -175,7 +181,7 @@ def run_vllm(url: str, cats: list[Category], tool_choice: str, max_tokens: int) 
         tools = [t.openai() for t in record_tools(rec)]
         messages = inject_tools(rec.messages, tools)  # the same prompt as (a) and (b)
         body = {"model": "smollm2", "messages": messages, "tools": tools, "tool_choice": tool_choice,
-                "parallel_tool_calls": cat.parallel, "temperature": 0, "max_tokens": max_tokens}
+                "parallel_tool_calls": cat.parallel, "temperature": 0, "max_tokens": budgets[cat.name]}
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
         if r.status_code != 200:
             return [], False
@@ -240,6 +246,8 @@ def main() -> None:
     ap.add_argument("--categories", default=None,
                     help="comma-separated category names (e.g. simple_python,irrelevance); default all")
     ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--parallel-max-tokens", type=int, default=None,
+                    help="max_tokens of the *parallel* categories, for every system (default: --max-tokens)")
     ap.add_argument("--no-vllm", action="store_true", help="skip (c) (accuracy_vllm=nan)")
     ap.add_argument("--required", action="store_true", help="also run structgen with tool_choice='required'")
     args = ap.parse_args()
@@ -249,14 +257,17 @@ def main() -> None:
         cats = [c for c in cats if c.name in wanted]
     if not cats:
         sys.exit(f"no BFCL_v*_*.json files in {args.dir}")
-    print(f"BFCL: {', '.join(f'{c.name} {len(c.records)}' for c in cats)} (format: {INJECTED.name})", flush=True)
+    budgets = {c.name: args.parallel_max_tokens if c.parallel and args.parallel_max_tokens else args.max_tokens
+               for c in cats}
+    print(f"BFCL: {', '.join(f'{c.name} {len(c.records)}' for c in cats)} (format: {INJECTED.name}; "
+          f"max_tokens {', '.join(f'{n} {b}' for n, b in budgets.items())})", flush=True)
     from structgen.backends.embedded import EmbeddedBackend
 
     backend = EmbeddedBackend()
-    runs = {"structgen": run_structgen(backend, cats, True, args.max_tokens),
-            "unconstrained": run_structgen(backend, cats, False, args.max_tokens)}
+    runs = {"structgen": run_structgen(backend, cats, True, budgets),
+            "unconstrained": run_structgen(backend, cats, False, budgets)}
     if args.required:  # also structgen with tool_choice="required", beside vLLM's "required"
-        runs["structgen_required"] = run_structgen(backend, cats, True, args.max_tokens, choice="required")
+        runs["structgen_required"] = run_structgen(backend, cats, True, budgets, choice="required")
     model_dir = backend.model_path
     backend.close()
     version = None
@@ -266,8 +277,8 @@ def main() -> None:
             import httpx
 
             version = httpx.get(srv.url + "/version", timeout=10).json().get("version")
-            runs["vllm_auto"] = run_vllm(srv.url, cats, "auto", args.max_tokens)
-            runs["vllm_required"] = run_vllm(srv.url, cats, "required", args.max_tokens)
+            runs["vllm_auto"] = run_vllm(srv.url, cats, "auto", budgets)
+            runs["vllm_required"] = run_vllm(srv.url, cats, "required", budgets)
         finally:
             srv.stop()
     print(f"\nvLLM: {version or 'not run'} (tool parser xlam)")
