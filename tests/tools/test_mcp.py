@@ -42,7 +42,7 @@ def test_the_loop_calls_the_server(server):
     def agent(s):
         s += sg.use_tools(tools)
         s += sg.user("go")
-        sg.run_tools(s, tools)
+        sg.run_tools(s, tools, max_tokens=512)  # room for three calls at one token per character
 
     st = agent.run(backend=be)
     calls = st.value("agent").steps[0].calls
