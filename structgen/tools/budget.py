@@ -43,7 +43,7 @@ import json
 import math
 from collections.abc import Sequence
 
-from structgen.constraints.schema.bounds import NUMBER_CHARS, bounded_schema, json_chars
+from structgen.constraints.schema.bounds import NUMBER_CHARS, bounded_schema, fit_cap, json_chars
 from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 
@@ -59,11 +59,15 @@ CALL_FLOOR = 16
 _SEPARATORS = (", ", ": ")
 
 
+def _call_frame(fmt: ToolFormat, tool: Tool) -> int:
+    """The characters of one call of ``tool`` in ``fmt`` around its arguments."""
+    head = len(f'{{"name": {json.dumps(tool.name, ensure_ascii=False)}, "{fmt.args_key}": ') + 1
+    return head + len(fmt.separator) + (0 if fmt.list_style else len(fmt.open) + len(fmt.close))
+
+
 def call_chars(fmt: ToolFormat, tool: Tool, cap: int) -> float:
     """The longest text one call of ``tool`` can take in ``fmt`` with bounds ``cap``."""
-    head = len(f'{{"name": {json.dumps(tool.name, ensure_ascii=False)}, "{fmt.args_key}": ') + 1
-    wrap = len(fmt.separator) + (0 if fmt.list_style else len(fmt.open) + len(fmt.close))
-    return head + wrap + json_chars(tool.parameters, tool.parameters, cap, separators=_SEPARATORS)
+    return _call_frame(fmt, tool) + json_chars(tool.parameters, tool.parameters, cap, separators=_SEPARATORS)
 
 
 def block_chars(fmt: ToolFormat) -> int:
@@ -81,8 +85,7 @@ def _without_optional(tool: Tool, drop: int) -> Tool:
     """``tool`` with its last ``drop`` optional top-level arguments left out of the schema."""
     params = dict(tool.parameters)
     props = dict(params.get("properties") or {})
-    required = set(params.get("required") or [])
-    optional = [k for k in props if k not in required]
+    optional = _optional(tool)
     for key in optional[len(optional) - drop:] if drop else []:
         props.pop(key)
     params["properties"] = props
@@ -103,11 +106,8 @@ def fit_to_budget(fmt: ToolFormat, tools: Sequence[Tool], *, max_tokens: int,
         drop = next((d for d in range(len(optional) + 1)
                      if call_chars(fmt, _without_optional(tool, d), floor) <= budget), len(optional))
         fitted = _without_optional(tool, drop) if drop else tool
-        lo, hi = 0, max(budget, 0)
-        while lo < hi:  # the largest cap with which the call fits
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if call_chars(fmt, fitted, mid) <= budget else (lo, mid - 1)
-        out.append((fitted, max(lo, MIN_CAP)))
+        cap = fit_cap(fitted.parameters, budget - _call_frame(fmt, fitted), floor=MIN_CAP, separators=_SEPARATORS)
+        out.append((fitted, cap))
     return out
 
 

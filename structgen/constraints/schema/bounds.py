@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 from structgen.constraints.schema.keywords import ANNOTATIONS
+from structgen.constraints.schema.refs import Pointers
 
 __all__ = ["MAX_DEPTH", "NUMBER_CHARS", "bounded_schema", "fit_cap", "items_cap", "json_chars"]
 
@@ -56,14 +57,16 @@ def _int(node: dict[str, Any], key: str, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def _resolve(node: Any, root: dict[str, Any]) -> Any:
+def _resolve(node: Any, pointers: Pointers) -> Any:
+    """``node``'s local ``$ref`` target (``{}`` when it names nothing), else ``node``."""
     ref = node.get("$ref") if isinstance(node, dict) else None
-    if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return target
-    return node
+    ptr = pointers.local_pointer(ref) if isinstance(ref, str) else None
+    if ptr is None:
+        return node
+    try:
+        return pointers.resolve(ptr)
+    except KeyError:
+        return {}
 
 
 def _string_max(node: dict[str, Any], cap: int) -> int:
@@ -75,18 +78,19 @@ def _items_max(node: dict[str, Any], cap: int) -> int:
     return max(min(n, _int(node, "maxItems", n)), _int(node, "minItems", 0))
 
 
-def json_chars(node: Any, root: dict[str, Any], cap: int, depth: int = 0, *,
-               separators: tuple[str, str] = (",", ":")) -> float:
-    """The longest JSON text ``node`` allows once bounded with ``cap``, written with
-    ``separators`` (item, key) and no other whitespace."""
-    item, key = len(separators[0]), len(separators[1])
+def json_chars(node: Any, root: dict[str, Any], cap: int, *, separators: tuple[str, str] = (",", ":")) -> float:
+    """The longest JSON text ``node`` (a part of ``root``) allows once bounded with ``cap``,
+    written with ``separators`` (item, key) and no other whitespace."""
+    return _chars(node, Pointers(root), cap, 0, len(separators[0]), len(separators[1]))
 
-    def sub(child: Any, at: dict[str, Any] | None = None) -> float:
-        return json_chars(child if at is None else at, root, cap, depth + 1, separators=separators)
+
+def _chars(node: Any, pointers: Pointers, cap: int, depth: int, item: int, key: int) -> float:
+    def sub(child: Any) -> float:
+        return _chars(child, pointers, cap, depth + 1, item, key)
 
     if depth > MAX_DEPTH:
         return cap + 2.0
-    node = _resolve(node, root)
+    node = _resolve(node, pointers)
     if not isinstance(node, dict) or not node:
         return cap + 2.0  # any JSON: bounded as a string by bounded_schema
     if "const" in node:
@@ -98,7 +102,7 @@ def json_chars(node: Any, root: dict[str, Any], cap: int, depth: int = 0, *,
         return max(sub(a) for a in alts)
     kind = node.get("type")
     if isinstance(kind, list):
-        return max((sub(None, {**node, "type": k}) for k in kind), default=0.0)
+        return max((sub({**node, "type": k}) for k in kind), default=0.0)
     if kind == "string":
         return 2.0 + _string_max(node, cap)
     if kind in ("number", "integer"):
@@ -168,12 +172,12 @@ def bounded_schema(schema: dict[str, Any], cap: int) -> dict[str, Any]:
     return dict(_bound(copy.deepcopy(schema), cap))
 
 
-def fit_cap(schema: dict[str, Any], budget: float, *, floor: int = 1, ceiling: int | None = None,
+def fit_cap(schema: dict[str, Any], budget: float, *, floor: int = 1,
             separators: tuple[str, str] = (",", ":")) -> int:
-    """The largest ``cap`` (at least ``floor``, at most ``ceiling``, default ``budget``)
-    with which the longest text of ``schema`` is at most ``budget`` characters; ``floor``
-    when even that does not fit (a plan: the caller serves it best effort)."""
-    lo, hi = 0, max(int(budget if ceiling is None else min(budget, ceiling)), 0)
+    """The largest ``cap`` (at least ``floor``, at most ``budget``) with which the longest
+    text of ``schema`` is at most ``budget`` characters; ``floor`` when even that does not
+    fit (a plan: the caller serves it best effort)."""
+    lo, hi = 0, max(int(budget), 0)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if json_chars(schema, schema, mid, separators=separators) <= budget else (lo, mid - 1)
