@@ -20,8 +20,11 @@ such, strings after normalisation (NFKC, case-folded, whitespace collapsed, surr
 punctuation stripped); null leaves count as absent. Micro-averaged precision / recall / F1
 over all leaves. ``valid_rate``: of structgen's completed outputs (not cut short by
 max_tokens), the share that validate against the schema -- invalid output never reaches
-the user, it comes back as an error. ``confidence_auc``: how well a leaf's mean token
-log-probability separates right from wrong leaves (Mann-Whitney AUC). Last line:
+the user, it comes back as an error. ``confidence_auc``: how well a leaf's confidence
+separates right from wrong leaves (Mann-Whitney AUC), leaves ordered as
+:func:`structgen.extract.grounding.rank` orders them for review (grounded in the record's
+text first, then by mean token log-probability); the AUC of the mean log-probability alone
+is printed beside it. Last line:
 
     RESULT leaf_f1=<x> leaf_f1_unconstrained=<x> leaf_f1_outlines=<x> valid_rate=<x> confidence_auc=<x>
 """
@@ -91,7 +94,7 @@ def prf(tp: int, npred: int, ngold: int) -> tuple[float, float, float]:
     return prec, rec, (2 * prec * rec / (prec + rec) if prec + rec else 0.0)
 
 
-def auc(pos: list[float], neg: list[float]) -> float:
+def auc(pos: list[Any], neg: list[Any]) -> float:
     """P(a right leaf's confidence > a wrong leaf's), ties counting half."""
     if not pos or not neg:
         return float("nan")
@@ -236,6 +239,7 @@ def main() -> None:
     import structgen
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.extract import InputRecord, resolve_schema
+    from structgen.extract.grounding import rank
     from structgen.extract.prompt import PromptBuilder
 
     rows = load(Path(args.file), args.limit)
@@ -250,8 +254,8 @@ def main() -> None:
                                      confidence=True))
     sg_s = time.perf_counter() - start
     sg, completed, valid, truncated = Tally(), 0, 0, 0
-    conf_right: list[float] = []
-    conf_wrong: list[float] = []
+    conf_right: list[tuple[bool, float]] = []  # rank keys: (grounded or n/a, mean log-probability)
+    conf_wrong: list[tuple[bool, float]] = []
     for row, res in zip(rows, results, strict=True):
         if res.ok:
             completed += 1
@@ -260,7 +264,7 @@ def main() -> None:
             for path, ok in right.items():
                 c = (res.confidence or {}).get(path)
                 if c is not None:
-                    (conf_right if ok else conf_wrong).append(c["mean"])
+                    (conf_right if ok else conf_wrong).append(rank(c))
         else:
             sg.add(None, row["gold"])
             if res.error is not None and res.error.truncated:
@@ -271,8 +275,11 @@ def main() -> None:
           f"other errors {len(rows) - valid - truncated}", flush=True)
     print(sg.line("structgen"), flush=True)
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    print(f"mean leaf confidence: right {mean(conf_right):.3f} ({len(conf_right)}), "
-          f"wrong {mean(conf_wrong):.3f} ({len(conf_wrong)})", flush=True)
+    lp_right, lp_wrong = [c[1] for c in conf_right], [c[1] for c in conf_wrong]
+    print(f"mean leaf confidence: right {mean(lp_right):.3f} ({len(lp_right)}), "
+          f"wrong {mean(lp_wrong):.3f} ({len(lp_wrong)}); grounded: right "
+          f"{mean([float(c[0]) for c in conf_right]):.3f}, wrong {mean([float(c[0]) for c in conf_wrong]):.3f}; "
+          f"AUC of the log-probability alone {auc(lp_right, lp_wrong):.3f}", flush=True)
 
     f1_unc = float("nan")
     if "unconstrained" not in skip:

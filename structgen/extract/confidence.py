@@ -11,15 +11,19 @@ and gives every leaf value (by JSON path) the mean and the minimum log-probabili
 tokens that overlap it -- a string's quotes included, since its first token often carries
 the opening quote. Tokens the constraint forced without sampling carry no log-probability
 and are left out; a leaf written only by forced tokens gets ``mean = min = 0.0`` (it had
-no alternative).
+no alternative). Given the ``source`` text the values were read from, each string or
+number leaf also gets ``grounded`` (:mod:`structgen.extract.grounding`: whether the value
+occurs in the source), the signal the log-probability does not carry.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from structgen.errors import ProgramError
+from structgen.extract.grounding import Source
 from structgen.extract.jsonspans import leaf_spans
 
 __all__ = ["TokenSpan", "confidence_entries", "leaf_confidence", "token_spans"]
@@ -77,9 +81,12 @@ def _lp(entry: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def leaf_confidence(text: str, spans: Sequence[TokenSpan]) -> dict[str, dict[str, float]]:
-    """``{json path: {"mean": ..., "min": ...}}`` for every leaf value of ``text``."""
-    out: dict[str, dict[str, float]] = {}
+def leaf_confidence(text: str, spans: Sequence[TokenSpan],
+                    source: str | Source | None = None) -> dict[str, dict[str, Any]]:
+    """``{json path: {"mean": ..., "min": ...}}`` for every leaf value of ``text``; with a
+    ``source``, string and number leaves also get ``"grounded": bool``."""
+    src = Source(source) if isinstance(source, str) else source
+    out: dict[str, dict[str, Any]] = {}
     toks = sorted(spans)
     j = 0
     for leaf in leaf_spans(text):
@@ -92,8 +99,14 @@ def leaf_confidence(text: str, spans: Sequence[TokenSpan]) -> dict[str, dict[str
             if lp is not None and toks[k][1] > leaf.start:
                 lps.append(lp)
             k += 1
-        if lps:
-            out[leaf.path] = {"mean": round(sum(lps) / len(lps), 4), "min": round(min(lps), 4)}
-        else:
-            out[leaf.path] = {"mean": 0.0, "min": 0.0}
+        entry: dict[str, Any] = ({"mean": round(sum(lps) / len(lps), 4), "min": round(min(lps), 4)} if lps
+                                 else {"mean": 0.0, "min": 0.0})
+        if src is not None and leaf.complete:
+            try:
+                found = src.grounded(json.loads(text[leaf.start:leaf.end]))
+            except ValueError:
+                found = None
+            if found is not None:
+                entry["grounded"] = found
+        out[leaf.path] = entry
     return out

@@ -165,7 +165,8 @@ class Extractor:
         params = SamplingParams(max_new_tokens=cfg.max_tokens, temperature=cfg.temperature,
                                 return_logprob=cfg.confidence, return_text_in_logprobs=cfg.confidence)
         turns: list[Turn] = self.prompts.turns(record, schema)
-        constraint = self._fit.spec_for(schema, record.text or " ".join(str(m[-1]) for m in record.messages))
+        source = record.text or " ".join(str(m[-1]) for m in record.messages)
+        constraint = self._fit.spec_for(schema, source)
         prefix = ""
         kept: list[TokenSpan] = []
         error: RecordError | None = None
@@ -196,7 +197,7 @@ class Extractor:
             conf = None
             if cfg.confidence:
                 try:
-                    conf = leaf_confidence(text, kept + self._spans(res, len(prefix), text))
+                    conf = leaf_confidence(text, kept + self._spans(res, len(prefix), text), source=source)
                 except StructgenError as exc:
                     return ExtractResult(record.id, error=record_error(exc, raw=text), usage=usage)
             return ExtractResult(record.id, data=value, usage=usage, confidence=conf)

@@ -106,7 +106,7 @@ class ExtractResult:
     data: Any = None
     error: RecordError | None = None
     usage: Usage = field(default_factory=Usage)
-    confidence: dict[str, dict[str, float]] | None = None
+    confidence: dict[str, dict[str, Any]] | None = None
     #: the input's extra fields (e.g. an OpenAI batch request's body), for output formats
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -121,11 +121,12 @@ class ProgramState:
         self.sync()
         return dict(self._interp.values)
 
-    def confidence(self, name: str) -> dict[str, dict[str, float]]:
+    def confidence(self, name: str, source: str | None = None) -> dict[str, dict[str, Any]]:
         """Per-field confidence of a JSON variable generated with ``return_logprob=True``:
         ``{json path: {"mean": ..., "min": ...}}``, the token log-probabilities of each leaf
         value, in the constrained distribution where the backend reports it
-        (:mod:`structgen.extract.confidence`)."""
+        (:mod:`structgen.extract.confidence`); given the ``source`` text the values were
+        read from, string and number leaves also get ``"grounded"`` (the value occurs in it)."""
         from structgen.extract.confidence import confidence_entries, leaf_confidence, token_spans
 
         text = self[name]
@@ -135,7 +136,7 @@ class ProgramState:
                                program=self._run.program)
         tok = getattr(self._run.backend, "tokenizer", None)
         decode = None if tok is None else (lambda ids: str(tok.decode(ids, skip_special_tokens=True)))
-        return leaf_confidence(text, token_spans(text, entries, decode))
+        return leaf_confidence(text, token_spans(text, entries, decode), source=source)
 
     def tool_calls(self, name: str) -> list[Any]:
         """The typed calls of a ``gen(name, tools=...)`` turn (empty when it answered):

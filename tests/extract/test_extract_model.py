@@ -5,6 +5,7 @@ per-field confidence, heterogeneous schemas sharing the compile cache, the journ
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import structgen
 from structgen.constraints.validation import validate_output
 from structgen.extract import InputRecord, resolve_schema
+from structgen.extract.grounding import normalize
 from structgen.extract.jsonspans import leaf_spans
 from tests.extract.conftest import Recording
 
@@ -63,12 +65,16 @@ def test_retry_feeds_back_the_validator_message_and_resumes_from_the_valid_prefi
 def test_confidence_per_leaf(recording: Recording) -> None:
     results = list(structgen.extract(DOCS[:2], Person, backend=recording, max_tokens=32, retries=0,
                                      confidence=True))
-    for r in results:
+    for doc, r in zip(DOCS[:2], results, strict=True):
         assert r.ok and r.confidence is not None
         text = r.data.model_dump_json()
         assert set(r.confidence) == {s.path for s in leaf_spans(text)} == {"$.name", "$.age"}
         for c in r.confidence.values():
             assert c["min"] <= c["mean"] <= 0.0
+        # grounded: whether each written value occurs in the record's own text
+        name = normalize(r.data.name).strip(" .,")
+        assert r.confidence["$.name"].get("grounded") is ((name in normalize(doc)) if name else None)
+        assert r.confidence["$.age"]["grounded"] is (str(r.data.age) in re.findall(r"\d+", doc))
 
 
 def test_heterogeneous_schemas_share_the_compile_cache(embedded_backend: Any) -> None:
@@ -213,6 +219,15 @@ def test_state_confidence_in_the_dsl(embedded_backend: Any) -> None:
     conf = state.confidence("p")
     assert set(conf) == {"$.name", "$.age"}
     assert all(c["min"] <= c["mean"] <= 0.0 for c in conf.values())
+    assert all("grounded" not in c for c in conf.values())  # no source given
+    value = state.value("p")
+    for source in ("Ada is 36 years old.", "nothing here"):
+        grounded = state.confidence("p", source=source)
+        assert grounded["$.age"]["grounded"] is (str(value.age) in re.findall(r"\d+", source))
+        name = normalize(value.name).strip(" .,")
+        assert grounded["$.name"].get("grounded") is ((name in normalize(source)) if name else None)
+        assert {k: (c["mean"], c["min"]) for k, c in grounded.items()} == {
+            k: (c["mean"], c["min"]) for k, c in conf.items()}
 
     @structgen.program
     def plain(s: Any) -> None:

@@ -33,3 +33,9 @@ def test_auc() -> None:
 def test_first_json_in_free_text() -> None:
     assert first_json('Sure! ```json\n{"a": [1, 2]}\n``` done') == {"a": [1, 2]}
     assert first_json("no json {here") is None
+
+
+def test_auc_of_rank_keys() -> None:
+    # the bench ranks leaves by structgen.extract.grounding.rank: (grounded or n/a, mean log-probability)
+    assert auc([(True, -3.0)], [(False, -0.1)]) == 1.0
+    assert auc([(True, -3.0), (False, -0.2)], [(True, -1.0), (False, -0.1)]) == 0.25

@@ -1,0 +1,69 @@
+"""Source grounding: does a leaf value the model wrote occur in the text it was read from?
+
+Token log-probability alone ranks a small model's guesses badly: a field the text does not
+fill gets fluent, high-probability text (a value repeated from another field, an echo of
+the schema), while a value copied from an unfamiliar text is often a low-probability
+string. Whether the value occurs in the source is a signal the log-probability does not
+carry, and extraction is mostly copying, so per-field confidence reports both
+(:func:`structgen.extract.confidence.leaf_confidence` with ``source=``): ``grounded`` is
+
+* for a string: its normalised text (NFKC, case-folded, whitespace collapsed, surrounding
+  punctuation stripped) is a substring of the normalised source;
+* for a number: its value (sign aside) is one of the numbers written in the source
+  (``12``, ``12.50``; digit groups such as ``1,200`` read as ``1200``);
+* absent for booleans, null and empty strings (the source cannot show them).
+
+:func:`rank` orders leaves for review: grounded (or not applicable) leaves above
+ungrounded ones, then by mean log-probability.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Source", "normalize", "rank"]
+
+_SPACE = re.compile(r"\s+")
+_PUNCT = " \t\n\"'`.,;:!?()[]{}<>«»“”‘’。，、；：！？（）【】"
+_DIGIT_GROUP = re.compile(r"(?<=\d)[,\u00a0\u202f' ](?=\d{3}(?!\d))")
+
+
+def normalize(text: str) -> str:
+    """NFKC, case-folded, whitespace runs made one space."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold())
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _numbers(text: str) -> set[float]:
+    return {round(float(m), 9) for m in _NUMBER.findall(text)}
+
+
+class Source:
+    """A source text, normalised once, asked about many values."""
+
+    def __init__(self, text: str) -> None:
+        self.text = normalize(text)
+        self._numbers = _numbers(_DIGIT_GROUP.sub("", self.text))
+
+    def grounded(self, value: Any) -> bool | None:
+        """Whether ``value`` occurs in the source; None where the question does not apply."""
+        if value is None or isinstance(value, bool):
+            return None
+        if isinstance(value, (int, float)):
+            return math.isfinite(value) and round(abs(float(value)), 9) in self._numbers
+        if isinstance(value, str):
+            needle = normalize(value).strip(_PUNCT)
+            return (needle in self.text) if needle else None
+        return None
+
+
+def rank(entry: Mapping[str, Any]) -> tuple[bool, float]:
+    """A leaf's confidence entry as a sort key: not known to be ungrounded first, then the
+    mean log-probability (higher = more trustworthy)."""
+    return (entry.get("grounded") is not False, float(entry.get("mean", 0.0)))
