@@ -66,3 +66,19 @@ def test_bfcl_types_become_json_schema():
     assert schema["properties"]["height"] == {"type": "number"}
     assert schema["properties"]["dims"] == {"type": "array", "items": {"type": "integer"}}
     assert to_json_schema({"type": "any"}) == {}
+
+
+def test_calibration_picks_the_best_balanced_threshold() -> None:
+    import pytest
+
+    from bench.bfcl_calibrate import best_threshold
+
+    calls = {"simple": [0.05, 0.04, 0.01], "multiple": [0.03, 0.002]}
+    abstain = [0.001, 0.02, 0.005]
+    t, bal, call_rate, abstain_rate = best_threshold(calls, abstain)
+    # t=0.03: simple 2/3 and multiple 1/2 call, all 3 irrelevance abstain -> (7/12 + 1) / 2
+    assert t == 0.03
+    assert (call_rate, abstain_rate) == (pytest.approx(7 / 12), 1.0)
+    assert bal == pytest.approx((7 / 12 + 1) / 2)
+    # with no separating signal the lowest threshold (always call) wins the tie
+    assert best_threshold({"a": [0.5]}, [0.5])[0] == 0.0
