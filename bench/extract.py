@@ -18,7 +18,8 @@ documents (seeded) behind shared instructions + three few-shot examples:
 * the same job with ``--ray`` and one worker against the local job: the local wall is the
   timed structgen job plus loading its model, Ray's is starting a local Ray cluster, the
   actor loading its model and the same job through Ray Data.
-* resident memory of a job of ``--rss-records`` records at ``max_tokens=1``, read after
+* resident memory of a job of ``--rss-records`` records at ``max_tokens=1`` in a process of
+  its own (its own model, journal and writer, as a ``structgen extract`` run has), read after
   1,000 and after all records.
 
 Last line::
@@ -148,8 +149,28 @@ def check_records(out: Path, n: int) -> int:
     return valid
 
 
-def rss_job(backend, tmp: Path, n: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """RSS (MB) after 1,000 and after ``n`` records of a max_tokens=1 job."""
+def rss_job(tmp: Path, n: int, dtype: str) -> tuple[float, float]:
+    """RSS (MB) after 1,000 and after ``n`` records of a max_tokens=1 job, run in a process of
+    its own (as ``structgen extract`` runs): what this process ran before it -- the timed job,
+    Ray's driver -- is not in the figure."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rss-worker", str(tmp), str(n), dtype],
+                          check=True, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RSS "):
+            at_1k, at_end = map(float, line.split()[1:3])
+        else:
+            print(line, flush=True)
+    return at_1k, at_end
+
+
+def rss_worker(tmp: Path, n: int, dtype: str) -> None:
+    """The RSS job: its own model, ``n`` records through the journal and writer; prints
+    ``RSS <MB after 1,000> <MB after n>``."""
+    from structgen.backends.embedded import EmbeddedBackend
+
+    backend = EmbeddedBackend(dtype=dtype)
     from structgen.extract.api import _examples
     from structgen.extract.extractor import ExtractConfig, Extractor
     from structgen.extract.inputs import read_records
@@ -178,7 +199,7 @@ def rss_job(backend, tmp: Path, n: int) -> tuple[float, float]:  # type: ignore[
                   f"records/s, {journal.commits} journal commits", flush=True)
     writer.close()
     journal.close()
-    return at_1k, rss_mb()
+    print(f"RSS {at_1k:.1f} {rss_mb():.1f}", flush=True)
 
 
 def run_ray(inp: Path, out: Path, tmp: Path, max_tokens: int, dtype: str) -> float:
@@ -272,7 +293,7 @@ def main() -> None:
 
     rss_growth = float("nan")
     if "rss" not in skip:
-        at_1k, at_end = rss_job(backend, tmp, args.rss_records)
+        at_1k, at_end = rss_job(tmp, args.rss_records, args.dtype)
         rss_growth = at_end / at_1k
         print(f"RSS: {at_1k:.0f} MB after 1,000 records, {at_end:.0f} MB after {args.rss_records:,}", flush=True)
 
@@ -286,4 +307,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 5 and sys.argv[1] == "--rss-worker":
+        rss_worker(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        main()
