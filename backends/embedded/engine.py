@@ -39,6 +39,7 @@ import torch
 
 from structgen.backends.embedded import drafting
 from structgen.backends.embedded.generation import GenSequence
+from structgen.backends.embedded.heap import HeapTrimmer
 from structgen.backends.embedded.model import DecoderModel, SeqInput
 from structgen.backends.embedded.protocol import Outcome
 from structgen.backends.embedded.scoring import Scorer
@@ -120,6 +121,7 @@ class Engine:
         self.generated_tokens = 0
         self.draft_tokens = 0  # drafted (computed speculatively)
         self.draft_accepted = 0  # drafted and then chosen by the sampler
+        self._heap = HeapTrimmer()  # freed activations go back to the OS (a long job stays flat)
         self._thread = threading.Thread(target=self._loop, name="structgen-engine", daemon=True)
         self._thread.start()
 
@@ -186,7 +188,7 @@ class Engine:
                 "forced_tokens": s.forced_tokens, "draft_tokens": self.draft_tokens,
                 "draft_accepted": self.draft_accepted, "preemptions": s.preemptions,
                 "evicted_tokens": s.evicted_tokens, "scored_tokens": sc.scored_tokens,
-                "cached_tree_tokens": self.cache.total_tokens}
+                "cached_tree_tokens": self.cache.total_tokens, "heap_trims": self._heap.trims}
 
     def clear_cache(self) -> None:
         def clear() -> None:
@@ -286,6 +288,7 @@ class Engine:
         jobs.pop(id(job.rt), None)
         job.error = error
         job.done.set()
+        self._heap.finished_one()
 
     def _step(self, jobs: dict[int, _Job]) -> None:
         batch = self.scheduler.schedule()
