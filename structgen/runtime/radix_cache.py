@@ -275,6 +275,21 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
+    def discard(self) -> None:
+        """Empty a throwaway tree by unlinking every node, so its nodes are freed at once by
+        reference counting instead of lingering as cyclic garbage (parent <-> children)
+        until the collector's rare full pass -- the scheduler builds one such tree per
+        prefill step, and a long job otherwise grows its resident memory."""
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            n.children = {}
+            n.parent = None
+        self.root.children = {}
+        self.total_tokens = 0
+        self.protected_tokens = 0
+
     # -- introspection ------------------------------------------------------------
     def _nodes(self) -> Iterator[RadixNode]:
         """Every node except the root."""

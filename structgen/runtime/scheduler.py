@@ -198,8 +198,17 @@ class Scheduler:
         if not self.waiting or len(self.running) >= cfg.max_running_seqs:
             return []
         budget = cfg.max_prefill_tokens
-        entries: list[BatchEntry] = []
         batch_tree = RadixCache(1) if cfg.in_batch_prefix_threshold else None
+        try:
+            return self._fill_prefill(budget, batch_tree, failed)
+        finally:
+            if batch_tree is not None:
+                batch_tree.discard()  # freed now, not left as cyclic garbage
+
+    def _fill_prefill(self, budget: int, batch_tree: RadixCache | None,
+                      failed: list[SeqState]) -> list[BatchEntry]:
+        cfg = self.config
+        entries: list[BatchEntry] = []
         for seq in self._prefill_order():
             if len(self.running) >= cfg.max_running_seqs:
                 break
