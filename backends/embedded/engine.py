@@ -287,8 +287,8 @@ class Engine:
             log.exception("finishing sequence %s failed", job.rt.seq_id)
         jobs.pop(id(job.rt), None)
         job.error = error
+        self._heap.finished_one()  # counted before the caller wakes (stats read after are exact)
         job.done.set()
-        self._heap.finished_one()
 
     def _step(self, jobs: dict[int, _Job]) -> None:
         batch = self.scheduler.schedule()
