@@ -121,7 +121,7 @@ class Engine:
         self.generated_tokens = 0
         self.draft_tokens = 0  # drafted (computed speculatively)
         self.draft_accepted = 0  # drafted and then chosen by the sampler
-        self._heap = HeapTrimmer()  # freed activations go back to the OS (a long job stays flat)
+        self._heap = HeapTrimmer()  # freed activations go back to the OS every few hundred sequences
         self._thread = threading.Thread(target=self._loop, name="structgen-engine", daemon=True)
         self._thread.start()
 

@@ -278,8 +278,8 @@ class RadixCache:
     def discard(self) -> None:
         """Empty a throwaway tree by unlinking every node, so its nodes are freed at once by
         reference counting instead of lingering as cyclic garbage (parent <-> children)
-        until the collector's rare full pass -- the scheduler builds one such tree per
-        prefill step, and a long job otherwise grows its resident memory."""
+        until the collector's rare full pass (the scheduler builds one such tree per
+        prefill step)."""
         stack = list(self.root.children.values())
         while stack:
             n = stack.pop()
