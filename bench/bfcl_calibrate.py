@@ -50,14 +50,19 @@ def probabilities(backend: Any, cat: Category) -> list[float]:
     return out
 
 
+def rates(calls: dict[str, list[float]], abstain: list[float], t: float) -> tuple[float, float]:
+    """``(call rate, abstain rate)`` at threshold ``t``: each call category weighted alike."""
+    call_rate = sum(sum(p >= t for p in ps) / len(ps) for ps in calls.values()) / len(calls)
+    return call_rate, sum(p < t for p in abstain) / len(abstain)
+
+
 def best_threshold(calls: dict[str, list[float]], abstain: list[float]) -> tuple[float, float, float, float]:
     """``(threshold, balanced accuracy, call rate, abstain rate)``: the candidate (a probability
     seen in the slice) with the best balanced accuracy; ties go to the lower threshold."""
     candidates = sorted({p for ps in calls.values() for p in ps} | set(abstain) | {0.0})
     best = (0.0, -1.0, 0.0, 0.0)
     for t in candidates:
-        call_rate = sum(sum(p >= t for p in ps) / len(ps) for ps in calls.values()) / len(calls)
-        abstain_rate = sum(p < t for p in abstain) / len(abstain)
+        call_rate, abstain_rate = rates(calls, abstain, t)
         bal = (call_rate + abstain_rate) / 2
         if bal > best[1] + 1e-12:
             best = (t, bal, call_rate, abstain_rate)
@@ -91,8 +96,7 @@ def main() -> None:
               + " ".join(f"{qs[min(len(qs) - 1, int(q * len(qs)))]:.4f}" for q in (0.25, 0.5, 0.75)))
     print(f"{'threshold':>10} {'call rate':>10} {'abstain':>10}")
     for t in (0.005, 0.01, 0.02, 0.03, 0.05, 0.1):
-        cr = sum(sum(p >= t for p in ps) / len(ps) for ps in calls.values()) / len(calls)
-        print(f"{t:>10.3f} {cr:>10.3f} {sum(p < t for p in abstain) / len(abstain):>10.3f}")
+        print("{:>10.3f} {:>10.3f} {:>10.3f}".format(t, *rates(calls, abstain, t)))
     t, bal, cr, ar = best_threshold(calls, abstain)
     print(f"RESULT call_threshold={t:.4f} balanced_accuracy={bal:.3f} call_rate={cr:.3f} abstain_rate={ar:.3f}")
 
