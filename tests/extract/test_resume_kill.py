@@ -1,8 +1,9 @@
 """Exactly-once under kill -9: the `structgen extract` process is killed at 20 random
-moments and resumed after each; the final output equals an uninterrupted greedy run's,
+moments and resumed after each (every fifth kill waits until the run has committed a record of
+its own, so some kills always land mid-extraction); the final output equals an uninterrupted greedy run's,
 with no record lost and none duplicated.
 
-Cost is bounded: 24 one-line documents, a two-field schema, max_tokens 16, concurrency 4
+Cost is bounded: 32 one-line documents, a two-field schema, max_tokens 16, concurrency 4
 (so a run spans several seconds of work that kills can land in)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-N = 24
+N = 32
 KILLS = 20
 
 
@@ -81,6 +82,7 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
     journal = Path(str(out) + ".progress.sqlite")
     killed_mid_job = 0
     mid_work = 0  # kills that found some records finished and some not
+    log: list[str] = []  # per kill: kind, records finished before -> at the kill (or "exited")
 
     def finished() -> int:
         if not journal.exists():
@@ -88,16 +90,30 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
         with sqlite3.connect(journal) as db:
             return int(db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
 
-    for _ in range(KILLS):
-        # from the middle of start-up to about a tenth of the work past it
-        delay = first * rng.uniform(0.5, 1.0) + rng.uniform(0, 0.2) * max(total - first, 0.5)
+    for k in range(KILLS):
+        before = finished()
         proc = subprocess.Popen(_command(inp, out, schema), env=_env(), cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
+        if k % 5 == 2:
+            # a kill inside the observed extraction window: once this run has committed a record of its
+            # own, at a random moment soon after (fixed delays alone can all land in start-up on a slow
+            # or loaded machine)
+            deadline = time.monotonic() + 10 * total
+            while proc.poll() is None and finished() <= before and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0, 0.05))
+        else:
+            # from the middle of start-up to about the reference run's first committed record
+            time.sleep(first * rng.uniform(0.5, 1.0))
+        kind = "window" if k % 5 == 2 else "timed"
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             killed_mid_job += 1
-            mid_work += 0 < finished() < N
+            now = finished()
+            mid_work += 0 < now < N
+            log.append(f"{kind} {before}->{now}")
+        else:
+            log.append(f"{kind} {before}->exited")
         proc.wait()
     # the resumed run to completion
     done = subprocess.run(_command(inp, out, schema), env=_env(), cwd=tmp_path, capture_output=True, timeout=900,
@@ -112,6 +128,7 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
     assert summary["records"] == N
     assert finished() == N
     print(f"kill -9: {killed_mid_job} of {KILLS} kills hit a running job, {mid_work} with records half done; "
-          f"the final run resumed {summary['resumed']} and computed {summary['computed']} of {N}")
-    assert killed_mid_job >= KILLS // 2, f"only {killed_mid_job} of {KILLS} kills hit a running job"
-    assert mid_work >= 1, "no kill landed while records were being extracted"
+          f"the final run resumed {summary['resumed']} and computed {summary['computed']} of {N}; "
+          f"reference: first record at {first:.1f} s of {total:.1f} s; kills: {', '.join(log)}")
+    assert killed_mid_job >= KILLS // 2, f"only {killed_mid_job} of {KILLS} kills hit a running job: {log}"
+    assert mid_work >= 1, f"no kill landed while records were being extracted: {log}"
