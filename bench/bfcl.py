@@ -32,7 +32,9 @@ system (after one untimed warm-up request each). ``calls_per_s_ratio``: on the q
 of the call categories, structgen's calls per second (calls of valid turns over the summed
 wall time of those batches) over vLLM's in its call-making mode, ``tool_choice="required"``
 (a call is forced, so every question yields calls), on the same questions and prompts;
-vLLM ``auto``'s rate is printed beside it. Last line::
+vLLM ``auto``'s rate is printed beside it, and with ``--required`` the ratio of the two forced
+modes (structgen ``required`` over vLLM ``required``: the engines' speed without ``auto``'s
+declined turns). Last line::
 
     RESULT valid_call_rate=... accuracy=... accuracy_unconstrained=... accuracy_vllm=...
            irrelevance_accuracy=... calls_per_s_ratio=...
@@ -298,6 +300,9 @@ def main() -> None:
     ratio = float("nan")
     if "vllm_required" in runs:  # vLLM's call-making mode, the same questions
         ratio = call_rate(runs["structgen"], cats) / call_rate(runs["vllm_required"], cats)
+    if "vllm_required" in runs and "structgen_required" in runs:  # both forced: the engines' speed alone
+        print(f"calls/s, both tool_choice='required': structgen / vLLM = "
+              f"{call_rate(runs['structgen_required'], cats) / call_rate(runs['vllm_required'], cats):.3f}")
     s = runs["structgen"]
     for line in s["why"]:
         print("structgen invalid:", line)

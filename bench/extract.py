@@ -107,10 +107,12 @@ def write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory in MB: ``VmRSS`` (all of it), ``RssAnon`` (heap and
+    anonymous maps) or ``RssFile`` (mapped files: the model's weights, libraries)."""
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -195,7 +197,8 @@ def rss_worker(tmp: Path, n: int, dtype: str) -> None:
         if count == 1000:
             at_1k = rss_mb()
         if count % 1000 == 0:
-            print(f"  rss job: {count:,} records, {rss_mb():.0f} MB, {count / (time.perf_counter() - start):.1f} "
+            print(f"  rss job: {count:,} records, {rss_mb():.0f} MB (anonymous {rss_mb('RssAnon'):.0f}, "
+                  f"mapped files {rss_mb('RssFile'):.0f}), {count / (time.perf_counter() - start):.1f} "
                   f"records/s, {journal.commits} journal commits", flush=True)
     writer.close()
     journal.close()
