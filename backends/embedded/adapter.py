@@ -22,6 +22,7 @@ import torch
 
 from structgen.backends.embedded.engine import Engine, EngineConfig
 from structgen.backends.embedded.generation import GenSequence
+from structgen.backends.embedded.kernel_cache import bound_kernel_caches
 from structgen.backends.embedded.loader import load_model
 from structgen.backends.embedded.protocol import DecodeEngine
 from structgen.constraints.spec import ConstraintSpec
@@ -104,7 +105,10 @@ class EmbeddedBackend(Backend):
     def __init__(self, model: Any = None, *, device: str = "auto", dtype: Any = None,
                  engine: EngineConfig | None = None):
         self.device = _pick_device(device)
-        loaded = load_model(model, device=self.device, dtype=_pick_dtype(dtype, self.device))
+        torch_dtype = _pick_dtype(dtype, self.device)
+        if self.device == "cpu" and torch_dtype in (torch.bfloat16, torch.float16):
+            bound_kernel_caches()  # before the first oneDNN kernel: see kernel_cache
+        loaded = load_model(model, device=self.device, dtype=torch_dtype)
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
         self.hf_model = loaded.model

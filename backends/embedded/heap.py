@@ -5,9 +5,11 @@ lengths, and glibc keeps freed chunks in its arenas for reuse. In ``bench/extrac
 RSS job (``max_tokens=1``) one ``malloc_trim(0)`` gave back ~150-190 MB at any point, while
 the Python objects the job held stayed at ~7 MB (tracemalloc). The engine therefore trims
 the heap every :data:`TRIM_EVERY` finished sequences (:class:`HeapTrimmer`); a trim takes
-milliseconds. It lowers the job's resident memory but does not make it flat: with it the
-job still grew from 1239 MB after 1,000 records to 1780 MB after 6,000 (a native growth
-not yet explained). Elsewhere than glibc it is a no-op.
+milliseconds. It lowers the job's resident memory but does not make it flat on its own:
+with it the bf16 job still grew from 1239 MB after 1,000 records to 1780 MB after 6,000.
+That growth was oneDNN's per-shape kernel caches, which a trim cannot return; they are
+bounded by :mod:`~structgen.backends.embedded.kernel_cache`. Elsewhere than glibc it is a
+no-op.
 """
 
 from __future__ import annotations
