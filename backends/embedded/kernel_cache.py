@@ -13,8 +13,8 @@ A float32 forward goes through the BLAS and caches nothing. Bounded at :data:`CA
 the 20,000-record RSS job (``bench/extract.py --docs 8 --skip vllm,outlines,ray
 --rss-records 20000``) read 1157 MB after 1,000 records and 1194 MB after 20,000, with no
 trend between (samples every 1,000 records: 1195-1501 MB, the swing of in-flight batches
-and trims); with the default capacities the same job read 1430 and 1776 MB, and 2000-2260
-MB from 12,000 records on.
+and trims); with the default capacities the same job read 1430 and 1776 MB, having climbed
+to 2019-2263 MB between 13,000 and 19,000 records.
 
 :func:`bound_kernel_caches` sets both capacities to :data:`CAPACITY` unless the user set
 them. oneDNN and ideep read them once, at their first kernel, so it must run before the
