@@ -299,10 +299,11 @@ def main() -> None:
     v = max((x[0] for x in vl), default=float("nan"))
     ratio = float("nan")
     if "vllm_required" in runs:  # vLLM's call-making mode, the same questions
-        ratio = call_rate(runs["structgen"], cats) / call_rate(runs["vllm_required"], cats)
-    if "vllm_required" in runs and "structgen_required" in runs:  # both forced: the engines' speed alone
-        print(f"calls/s, both tool_choice='required': structgen / vLLM = "
-              f"{call_rate(runs['structgen_required'], cats) / call_rate(runs['vllm_required'], cats):.3f}")
+        vllm_rate = call_rate(runs["vllm_required"], cats)
+        ratio = call_rate(runs["structgen"], cats) / vllm_rate
+        if "structgen_required" in runs:  # both forced: the engines' speed alone
+            print(f"calls/s, both tool_choice='required': structgen / vLLM = "
+                  f"{call_rate(runs['structgen_required'], cats) / vllm_rate:.3f}")
     s = runs["structgen"]
     for line in s["why"]:
         print("structgen invalid:", line)

@@ -94,7 +94,8 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
         before = finished()
         proc = subprocess.Popen(_command(inp, out, schema), env=_env(), cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if k % 5 == 2:
+        kind = "window" if k % 5 == 2 else "timed"
+        if kind == "window":
             # a kill inside the observed extraction window: once this run has committed a record of its
             # own, at a random moment soon after (fixed delays alone can all land in start-up on a slow
             # or loaded machine)
@@ -105,7 +106,6 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
         else:
             # from the middle of start-up to about the reference run's first committed record
             time.sleep(first * rng.uniform(0.5, 1.0))
-        kind = "window" if k % 5 == 2 else "timed"
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             killed_mid_job += 1
