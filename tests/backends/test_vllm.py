@@ -275,7 +275,12 @@ def test_zz_server_killed_mid_batch_fails_only_what_it_was_serving(server, backe
     errors = [r for r in out if isinstance(r, BackendError)]
     assert errors, "the server was killed mid-batch, some items must have failed"
     assert all(isinstance(r, (GenerateResult, BackendError)) for r in out)
-    assert all(("connection lost" in str(e) or "cannot connect" in str(e)) and e.retryable for e in errors)
+    # a transport failure, retryable, whichever moment of the death each request met: the
+    # connection cut mid-response, refused, or (a child still holding the listening socket
+    # for a moment after the leader died) accepted and cut again on the retry
+    transport = ("lost mid-request", "cannot connect", "timed out connecting")
+    odd = [str(e) for e in errors if not (e.retryable and any(t in str(e) for t in transport))]
+    assert not odd, f"{len(odd)} of {len(errors)} errors were not a typed transport failure: {odd[:3]}"
     assert time.monotonic() - t0 < 60
     # the next batch fails fast and typed, too
     [after] = b.generate([GenerateRequest(prompt="x")])

@@ -65,6 +65,19 @@ class ServerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+            self._wait_port_closed()
+
+    def _wait_port_closed(self, timeout: float = 15.0) -> None:
+        """Until the port refuses connections: a child that inherited the listening socket
+        (vLLM binds it before it forks its engine) can outlive the leader for a moment."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    pass
+            except OSError:
+                return
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
