@@ -22,9 +22,10 @@ over all leaves. ``valid_rate``: of structgen's completed outputs (not cut short
 max_tokens), the share that validate against the schema -- invalid output never reaches
 the user, it comes back as an error. ``confidence_auc``: how well a leaf's confidence
 separates right from wrong leaves (Mann-Whitney AUC), leaves ordered as
-:func:`structgen.extract.grounding.rank` orders them for review (grounded in the record's
-text first, then by mean token log-probability); the AUC of the mean log-probability alone
-is printed beside it. Last line:
+:func:`structgen.extract.confidence.rank` orders them for review (not a repeated list value
+first, then grounded in the record's text, then by mean token log-probability); the AUCs of
+the mean log-probability alone and of the ranking without the repetition mark are printed
+beside it. Last line:
 
     RESULT leaf_f1=<x> leaf_f1_unconstrained=<x> leaf_f1_outlines=<x> valid_rate=<x> confidence_auc=<x>
 """
@@ -239,7 +240,7 @@ def main() -> None:
     import structgen
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.extract import InputRecord, resolve_schema
-    from structgen.extract.grounding import rank
+    from structgen.extract.confidence import rank
     from structgen.extract.prompt import PromptBuilder
 
     rows = load(Path(args.file), args.limit)
@@ -254,8 +255,9 @@ def main() -> None:
                                      confidence=True))
     sg_s = time.perf_counter() - start
     sg, completed, valid, truncated = Tally(), 0, 0, 0
-    conf_right: list[tuple[bool, float]] = []  # rank keys: (grounded or n/a, mean log-probability)
-    conf_wrong: list[tuple[bool, float]] = []
+    # rank keys: (not a repeated list value, grounded or n/a, mean log-probability)
+    conf_right: list[tuple[bool, bool, float]] = []
+    conf_wrong: list[tuple[bool, bool, float]] = []
     for row, res in zip(rows, results, strict=True):
         if res.ok:
             completed += 1
@@ -275,11 +277,14 @@ def main() -> None:
           f"other errors {len(rows) - valid - truncated}", flush=True)
     print(sg.line("structgen"), flush=True)
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    lp_right, lp_wrong = [c[1] for c in conf_right], [c[1] for c in conf_wrong]
+    lp_right, lp_wrong = [c[2] for c in conf_right], [c[2] for c in conf_wrong]
+    share = lambda cs, i: mean([float(not c[i]) for c in cs])  # noqa: E731
     print(f"mean leaf confidence: right {mean(lp_right):.3f} ({len(lp_right)}), "
-          f"wrong {mean(lp_wrong):.3f} ({len(lp_wrong)}); grounded: right "
-          f"{mean([float(c[0]) for c in conf_right]):.3f}, wrong {mean([float(c[0]) for c in conf_wrong]):.3f}; "
-          f"AUC of the log-probability alone {auc(lp_right, lp_wrong):.3f}", flush=True)
+          f"wrong {mean(lp_wrong):.3f} ({len(lp_wrong)}); repeated: right {share(conf_right, 0):.3f}, "
+          f"wrong {share(conf_wrong, 0):.3f}; ungrounded: right {share(conf_right, 1):.3f}, "
+          f"wrong {share(conf_wrong, 1):.3f}; AUC of the log-probability alone {auc(lp_right, lp_wrong):.3f}, "
+          f"without the repetition mark {auc([c[1:] for c in conf_right], [c[1:] for c in conf_wrong]):.3f}",
+          flush=True)
 
     f1_unc = float("nan")
     if "unconstrained" not in skip:

@@ -84,7 +84,8 @@ def extract_command(
     confidence: Annotated[bool, typer.Option(
         "--confidence", rich_help_panel=_GEN,
         help="Add per-field confidence: mean and minimum token log-probability of each leaf value, "
-             "and whether the value occurs in the record's text (grounded).")] = False,
+             "whether the value occurs in the record's text (grounded), and for list items whether "
+             "it repeats an earlier item's value (repeated).")] = False,
     fit_budget: Annotated[bool, typer.Option(
         "--fit-budget/--no-fit-budget", rich_help_panel=_GEN,
         help="Bound the schema's strings and arrays so the longest object fits --max-tokens "

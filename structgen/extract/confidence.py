@@ -13,7 +13,11 @@ the opening quote. Tokens the constraint forced without sampling carry no log-pr
 and are left out; a leaf written only by forced tokens gets ``mean = min = 0.0`` (it had
 no alternative). Given the ``source`` text the values were read from, each string or
 number leaf also gets ``grounded`` (:mod:`structgen.extract.grounding`: whether the value
-occurs in the source), the signal the log-probability does not carry.
+occurs in the source), the signal the log-probability does not carry; and each string or
+number leaf inside an array gets ``repeated`` (:mod:`structgen.extract.repetition`: it
+copies what an earlier list item wrote for the same field, the mark of a small model's
+list loop, whose copies are fluent and grounded). :func:`rank` orders leaves for review
+with all three.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any
 from structgen.errors import ProgramError
 from structgen.extract.grounding import Source
 from structgen.extract.jsonspans import leaf_spans
+from structgen.extract.repetition import Repeats
 
-__all__ = ["TokenSpan", "confidence_entries", "leaf_confidence", "token_spans"]
+__all__ = ["TokenSpan", "confidence_entries", "leaf_confidence", "rank", "token_spans"]
 
 #: (start, end, logprob or None) of one output token in the text
 TokenSpan = tuple[int, int, float | None]
@@ -84,8 +89,10 @@ def _lp(entry: Any) -> float | None:
 def leaf_confidence(text: str, spans: Sequence[TokenSpan],
                     source: str | Source | None = None) -> dict[str, dict[str, Any]]:
     """``{json path: {"mean": ..., "min": ...}}`` for every leaf value of ``text``; with a
-    ``source``, string and number leaves also get ``"grounded": bool``."""
+    ``source``, string and number leaves also get ``"grounded": bool``; string and number
+    leaves inside arrays get ``"repeated": bool``."""
     src = Source(source) if isinstance(source, str) else source
+    repeats = Repeats()
     out: dict[str, dict[str, Any]] = {}
     toks = sorted(spans)
     j = 0
@@ -101,12 +108,22 @@ def leaf_confidence(text: str, spans: Sequence[TokenSpan],
             k += 1
         entry: dict[str, Any] = ({"mean": round(sum(lps) / len(lps), 4), "min": round(min(lps), 4)} if lps
                                  else {"mean": 0.0, "min": 0.0})
-        if src is not None and leaf.complete:
+        if leaf.complete:
             try:
-                found = src.grounded(json.loads(text[leaf.start:leaf.end]))
+                value = json.loads(text[leaf.start:leaf.end])
             except ValueError:
-                found = None
+                value = None
+            repeated = repeats.repeated(leaf.path, value)
+            if repeated is not None:
+                entry["repeated"] = repeated
+            found = src.grounded(value) if src is not None else None
             if found is not None:
                 entry["grounded"] = found
         out[leaf.path] = entry
     return out
+
+
+def rank(entry: Mapping[str, Any]) -> tuple[bool, bool, float]:
+    """A leaf's confidence entry as a sort key, higher = more trustworthy: not a repeated
+    list value first, then not known to be ungrounded, then the mean log-probability."""
+    return (entry.get("repeated") is not True, entry.get("grounded") is not False, float(entry.get("mean", 0.0)))

@@ -13,8 +13,7 @@ carry, and extraction is mostly copying, so per-field confidence reports both
   (``12``, ``12.50``; digit groups such as ``1,200`` read as ``1200``);
 * absent for booleans, null and empty strings (the source cannot show them).
 
-:func:`rank` orders leaves for review: grounded (or not applicable) leaves above
-ungrounded ones, then by mean log-probability.
+:func:`structgen.extract.confidence.rank` orders leaves for review with this signal.
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Source", "normalize", "rank"]
+__all__ = ["Source", "normalize"]
 
 _SPACE = re.compile(r"\s+")
 _PUNCT = " \t\n\"'`.,;:!?()[]{}<>«»“”‘’。，、；：！？（）【】"
@@ -62,8 +60,3 @@ class Source:
             return (needle in self.text) if needle else None
         return None
 
-
-def rank(entry: Mapping[str, Any]) -> tuple[bool, float]:
-    """A leaf's confidence entry as a sort key: not known to be ungrounded first, then the
-    mean log-probability (higher = more trustworthy)."""
-    return (entry.get("grounded") is not False, float(entry.get("mean", 0.0)))

@@ -126,7 +126,9 @@ class ProgramState:
         ``{json path: {"mean": ..., "min": ...}}``, the token log-probabilities of each leaf
         value, in the constrained distribution where the backend reports it
         (:mod:`structgen.extract.confidence`); given the ``source`` text the values were
-        read from, string and number leaves also get ``"grounded"`` (the value occurs in it)."""
+        read from, string and number leaves also get ``"grounded"`` (the value occurs in it);
+        string and number list items get ``"repeated"`` (an earlier item wrote the same value
+        for the same field)."""
         from structgen.extract.confidence import confidence_entries, leaf_confidence, token_spans
 
         text = self[name]

@@ -77,6 +77,26 @@ def test_confidence_per_leaf(recording: Recording) -> None:
         assert r.confidence["$.age"]["grounded"] is (str(r.data.age) in re.findall(r"\d+", doc))
 
 
+class Team(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    team: str = Field(max_length=16)
+    members: list[str] = Field(min_length=3, max_length=5)
+
+
+def test_confidence_marks_repeated_list_items(embedded_backend: Any) -> None:
+    docs = ["The team Otters: Ana, Ben and Cy.", "Team Blue has Dee, Dee again, and Eve."]
+    results = list(structgen.extract(docs, Team, backend=embedded_backend, max_tokens=64, retries=0,
+                                     confidence=True))
+    for r in results:
+        assert r.ok and r.confidence is not None
+        assert "repeated" not in r.confidence["$.team"]  # not a list item
+        seen: set[str] = set()
+        for i, member in enumerate(r.data.members):
+            key = normalize(member).strip()
+            assert r.confidence[f"$.members[{i}]"]["repeated"] is (key in seen), (i, r.data.members)
+            seen.add(key)
+
+
 def test_heterogeneous_schemas_share_the_compile_cache(embedded_backend: Any) -> None:
     from structgen.constraints.compiler import compiler_for
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from structgen.extract.confidence import leaf_confidence
-from structgen.extract.grounding import Source, normalize, rank
+from structgen.extract.confidence import leaf_confidence, rank
+from structgen.extract.grounding import Source, normalize
 
 
 @pytest.mark.parametrize(("value", "source", "expected"), [
@@ -59,3 +59,10 @@ def test_rank_orders_ungrounded_last() -> None:
                {"mean": -0.01, "grounded": False}]
     order = sorted(entries, key=rank, reverse=True)
     assert order == [entries[2], entries[1], entries[3], entries[0]]
+
+
+def test_rank_orders_repeated_list_values_below_all_others() -> None:
+    entries = [{"mean": -0.01, "grounded": True, "repeated": True}, {"mean": -3.0, "grounded": False},
+               {"mean": -2.0, "repeated": False}, {"mean": -0.5, "grounded": False, "repeated": True}]
+    order = sorted(entries, key=rank, reverse=True)
+    assert order == [entries[2], entries[1], entries[0], entries[3]]

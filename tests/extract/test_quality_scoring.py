@@ -36,6 +36,6 @@ def test_first_json_in_free_text() -> None:
 
 
 def test_auc_of_rank_keys() -> None:
-    # the bench ranks leaves by structgen.extract.grounding.rank: (grounded or n/a, mean log-probability)
+    # the bench ranks leaves by structgen.extract.confidence.rank: tuples (..., mean log-probability)
     assert auc([(True, -3.0)], [(False, -0.1)]) == 1.0
     assert auc([(True, -3.0), (False, -0.2)], [(True, -1.0), (False, -0.1)]) == 0.25
