@@ -42,8 +42,9 @@ class Repeats:
         self._seen: set[tuple[str, Any]] = set()
 
     def repeated(self, path: str, value: Any) -> bool | None:
-        if "[" not in path or value is None or isinstance(value, bool):
-            return None
+        pattern = wildcard(path)
+        if pattern == path or value is None or isinstance(value, bool):
+            return None  # not a list item (no index in the path), or a value not judged
         if isinstance(value, (int, float)):
             if not math.isfinite(value):
                 return None
@@ -51,9 +52,6 @@ class Repeats:
         elif isinstance(value, str):
             key = ("str", normalize(value).strip())
         else:
-            return None
-        pattern = wildcard(path)
-        if pattern == path:  # a key that merely contains "[": not an array item
             return None
         item = (pattern, key)
         if item in self._seen:
