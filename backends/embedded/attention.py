@@ -21,11 +21,21 @@ says how each part attends:
 
 GQA: query head ``h`` uses KV head ``h // (heads // kv_heads)``, as transformers'
 ``repeat_kv``. Softmax statistics are float32 whatever the KV dtype.
+
+Kernels: on the CPU (float32, bfloat16, float16) the two partial attentions that need their
+log-sum-exp (:func:`attend_padded`, :func:`attend_shared`) run as one call of torch's fused
+flash-attention CPU kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``, which
+returns the log-sum-exp beside the output); the queries of a KV head's group are rows of
+that head, so GQA needs no copy of K/V. Elsewhere (CUDA, other dtypes, a torch without the
+kernel) they run as one matmul per KV head with the softmax in float32. Both agree to
+float rounding (tested); the fused one reads K/V once and never materialises the scores
+in float32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +43,18 @@ import torch.nn.functional as F
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
 
 MAX_SHORT = 64  # new tokens of an entry that may join the cascade group
+#: torch's fused CPU attention that also returns the log-sum-exp (None: not in this torch)
+_FLASH_CPU: Any = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def fused_available(q: torch.Tensor) -> bool:
+    """Whether :func:`attend_padded` / :func:`attend_shared` run the fused CPU kernel for ``q``."""
+    return _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in _FLASH_DTYPES
 
 __all__ = [
     "MAX_SHORT", "AttentionPlan", "CascadeGroup", "DecodePlan", "PrefillItem", "attend_causal",
-    "attend_padded", "attend_sdpa", "attend_shared", "merge_partials", "run_attention",
+    "attend_padded", "attend_sdpa", "attend_shared", "fused_available", "merge_partials", "run_attention",
 ]
 
 
@@ -63,16 +81,23 @@ def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
 
 
 def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, *, fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One query per sequence against its own keys: ``q`` ``[B, H, D]``, ``k``/``v``
     ``[B, L, KV, D]``, ``mask`` ``[B, L]`` (True = attend) or None.
 
     Returns the normalized output ``[B, H, D]`` and its log-sum-exp ``[B, H]`` (float32).
-    One ``bmm`` per KV head reads ``k[:, :, j]`` in place (strided, never copied).
+    Fused (``fused=None``: where :func:`fused_available`): one kernel call, each sequence's
+    ``H/KV`` queries of a KV head as rows of that head. Otherwise one ``bmm`` per KV head
+    reads ``k[:, :, j]`` in place (strided, never copied).
     """
     b, h, d = q.shape
     kv = k.shape[2]
-    q4 = q.view(b, kv, h // kv, d)
+    q4 = q.reshape(b, kv, h // kv, d)
+    if fused_available(q) if fused is None else fused:
+        bias = None if mask is None else torch.zeros(
+            mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))[:, None, None, :]
+        out, lse = _FLASH_CPU(q4, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale)
+        return out.reshape(b, h, d), lse.reshape(b, h).float()
     neg = None if mask is None else ~mask[:, None, :]
     outs, lses = [], []
     for j in range(kv):
@@ -97,18 +122,23 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
 
 
 def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, *, fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Every query against the same keys (a shared prefix), read once.
 
     ``q`` ``[B, H, D]``, ``k``/``v`` ``[P, KV, D]``. The queries of all ``B`` sequences
-    that use KV head ``j`` are stacked into one ``[B * H/KV, D]`` matrix and multiplied
-    by that head's keys: one matmul per KV head for the whole batch. Returns
-    ``[B, H, D]`` and the log-sum-exp ``[B, H]`` (float32).
+    that use KV head ``j`` are stacked into one ``[B * H/KV, D]`` matrix against that
+    head's keys: one fused kernel call for all heads (``fused``, as :func:`attend_padded`),
+    else one matmul per KV head, for the whole batch. Returns ``[B, H, D]`` and the
+    log-sum-exp ``[B, H]`` (float32).
     """
     b, h, d = q.shape
     kv = k.shape[1]
     g = h // kv
-    qs = q.view(b, kv, g, d).transpose(0, 1).reshape(kv, b * g, d)       # [KV, B*G, D]
+    qs = q.reshape(b, kv, g, d).transpose(0, 1).reshape(kv, b * g, d)    # [KV, B*G, D]
+    if fused_available(q) if fused is None else fused:
+        out, lse = _FLASH_CPU(qs[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=scale)
+        return (out[0].view(kv, b, g, d).transpose(0, 1).reshape(b, h, d),
+                lse[0].float().view(kv, b, g).transpose(0, 1).reshape(b, h))
     outs, lses = [], []
     for j in range(kv):
         s = torch.mm(qs[j], k[:, j].t()).float()                         # [B*G, P]
@@ -317,6 +347,10 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
             o, lse = attend_padded(qd, k, v, dec.mask, scale)
             for g in dec.groups:
                 kp, vp = pool.read(layer, g.prefix)
+                if len(g.queries) == b:  # the one group, every query (rows in order): no gather
+                    op, lsep = attend_shared(qd, kp, vp, scale)
+                    o = merge_partials(op, lsep, o, lse)
+                    continue
                 qg = qd.index_select(0, g.queries)
                 op, lsep = attend_shared(qg, kp, vp, scale)
                 o.index_copy_(0, g.queries, merge_partials(

@@ -11,6 +11,7 @@ import torch
 from structgen.backends.embedded.attention import (
     attend_padded,
     attend_shared,
+    fused_available,
     merge_partials,
 )
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
@@ -25,7 +26,10 @@ PROMPTS = [
 
 
 # -- kernels and pool (no model) -----------------------------------------------------------
-def test_cascade_merge_equals_plain_attention():
+@pytest.mark.parametrize("fused", [False, True], ids=["matmul", "fused"])
+def test_cascade_merge_equals_plain_attention(fused):
+    if fused and not fused_available(torch.zeros(1)):
+        pytest.skip("this torch has no fused CPU attention kernel")
     g = torch.Generator().manual_seed(0)
     b, h, kvh, d, p, s = 5, 9, 3, 64, 40, 7
     q = torch.randn(b, h, d, generator=g)
@@ -36,9 +40,10 @@ def test_cascade_merge_equals_plain_attention():
     full_k = torch.cat([kp.expand(b, -1, -1, -1), ks], 1)
     full_v = torch.cat([vp.expand(b, -1, -1, -1), vs], 1)
     full_mask = torch.cat([torch.ones(b, p, dtype=torch.bool), mask], 1)
-    plain, _ = attend_padded(q, full_k, full_v, full_mask, 0.125)
-    o1, l1 = attend_shared(q, kp, vp, 0.125)
-    o2, l2 = attend_padded(q, ks, vs, mask, 0.125)
+    plain, _ = attend_padded(q, full_k, full_v, full_mask, 0.125, fused=fused)
+    o1, l1 = attend_shared(q, kp, vp, 0.125, fused=fused)
+    o2, l2 = attend_padded(q, ks, vs, mask, 0.125, fused=fused)
+    assert l1.dtype == l2.dtype == torch.float32 and l1.shape == l2.shape == (b, h)
     assert (merge_partials(o1, l1, o2, l2) - plain).abs().max() < 1e-5
     # reference: per-sequence softmax with repeat_kv
     for i in range(b):
@@ -46,6 +51,22 @@ def test_cascade_merge_equals_plain_attention():
         v = full_v[i, : p + lens[i]].repeat_interleave(h // kvh, dim=1)
         w = torch.softmax(torch.einsum("hd,lhd->hl", q[i], k) * 0.125, -1)
         assert (torch.einsum("hl,lhd->hd", w, v) - plain[i]).abs().max() < 1e-5
+
+
+def test_fused_and_matmul_kernels_agree_in_bfloat16():
+    """The two kernel paths (and their log-sum-exps) agree in the dtype the CPU engine runs."""
+    if not fused_available(torch.zeros(1, dtype=torch.bfloat16)):
+        pytest.skip("this torch has no fused CPU attention kernel")
+    g = torch.Generator().manual_seed(1)
+    b, h, kvh, d, p, s = 6, 9, 3, 64, 50, 11
+    q = torch.randn(b, h, d, generator=g).bfloat16()
+    kp, vp = torch.randn(p, kvh, d, generator=g).bfloat16(), torch.randn(p, kvh, d, generator=g).bfloat16()
+    ks, vs = torch.randn(b, s, kvh, d, generator=g).bfloat16(), torch.randn(b, s, kvh, d, generator=g).bfloat16()
+    mask = torch.arange(s)[None] < torch.tensor([11, 1, 4, 9, 11, 2])[:, None]
+    for args, fn in (((q, kp, vp, 0.125), attend_shared), ((q, ks, vs, mask, 0.125), attend_padded)):
+        (o1, l1), (o2, l2) = fn(*args, fused=True), fn(*args, fused=False)  # type: ignore[operator]
+        assert o1.dtype == o2.dtype == torch.bfloat16
+        assert (o1.float() - o2.float()).abs().max() < 0.05 and (l1 - l2).abs().max() < 0.05
 
 
 def test_kv_pool_write_read_contiguous_and_gathered():
