@@ -149,11 +149,12 @@ class LLGuidanceEngine(_Engine):
     def __init__(self, tok: Any):
         super().__init__(tok)
         import llguidance
-        import llguidance.hf
         import numpy as np
 
+        from structgen.constraints.engines.llguidance import llguidance_tokenizer
+
         self.llg = llguidance
-        self.lltok = llguidance.hf.from_tokenizer(tok)
+        self.lltok = llguidance_tokenizer(tok)
         self.words = (int(self.lltok.vocab_size) + 31) // 32
         self.mask = np.zeros(self.words, dtype=np.int32)
 

@@ -44,10 +44,11 @@ from tests.servers.proxy import FaultProxy
 def matcher(tokenizer):
     pytest.importorskip("llguidance")
     import llguidance
-    import llguidance.hf
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
-    tok = llguidance.hf.from_tokenizer(tokenizer)
+    from structgen.constraints.engines.llguidance import llguidance_tokenizer
+
+    tok = llguidance_tokenizer(tokenizer)
 
     def matches(gbnf: str, text: str) -> bool:
         m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(gbnf)), log_level=0)

@@ -318,7 +318,6 @@ _ORDER_CASES = [
 @pytest.mark.parametrize("schema,instances", _ORDER_CASES)
 def test_normalisation_keeps_the_engines_property_order(tokenizer, schema, instances):
     import llguidance
-    import llguidance.hf
 
     from structgen.constraints.compiler import CompileCache, compiler_for
     from structgen.constraints.spec import json_schema_spec

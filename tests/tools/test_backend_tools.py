@@ -158,17 +158,17 @@ def test_sglang_needs_an_llguidance_grammar_backend():
 @pytest.mark.parametrize("mode", ["auto", "required"])
 def test_llamacpp_gbnf_accepts_valid_calls_only(mode, tokenizer):
     import llguidance
-    import llguidance.hf
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
     from structgen.backends.llamacpp.adapter import grammar_for
+    from structgen.constraints.engines.llguidance import llguidance_tokenizer
     from structgen.tools.formats import INJECTED
     from structgen.tools.spec import build_spec
 
     spec = build_spec(TOOLS, INJECTED, tool_choice=mode, parallel=2)
     gbnf = grammar_for(spec)
     lark = gbnf_to_lark(gbnf)
-    lt = llguidance.hf.from_tokenizer(tokenizer)
+    lt = llguidance_tokenizer(tokenizer)
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
 
     def ok(text):

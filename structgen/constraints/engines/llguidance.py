@@ -46,12 +46,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import llguidance
-import llguidance.hf
 import numpy as np
 
 from structgen.constraints.base import CompiledConstraint, Engine, EngineRefusal, Matcher, TokenTable
 from structgen.constraints.bitmask import bitmask_words, row_pointer
 from structgen.constraints.engines.deadline import MAX_ABANDONED, Abandonable
+from structgen.constraints.engines.hf_tokenizer import llguidance_json
 from structgen.constraints.kind import Translations
 from structgen.constraints.spec import (
     ChoiceSpec,
@@ -69,6 +69,7 @@ __all__ = [
     "LLGuidanceCompiled",
     "LLGuidanceEngine",
     "LLGuidanceMatcher",
+    "llguidance_tokenizer",
     "python_regex_to_rust",
     "to_grammar",
 ]
@@ -275,6 +276,17 @@ class LLGuidanceCompiled(CompiledConstraint):
         return f"LLGuidanceCompiled({self.spec.describe()}, exact={self.exact})"
 
 
+def llguidance_tokenizer(tokenizer: Any, *, n_vocab: int | None = None, eos_token_id: int | None = None) -> Any:
+    """An ``llguidance.LLTokenizer`` for a Hugging Face fast tokenizer: what
+    ``llguidance.hf.from_tokenizer`` makes, but reading the tokenizer's JSON through
+    :func:`~structgen.constraints.engines.hf_tokenizer.llguidance_json` (a byte-level BPE
+    written with byte-fallback parts would otherwise get wrong token bytes)."""
+    if not hasattr(tokenizer, "backend_tokenizer"):
+        raise ValueError(f"only fast (Rust-backed) tokenizers are supported, not {type(tokenizer).__name__}")
+    eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+    return llguidance.LLTokenizer(llguidance_json(tokenizer), n_vocab=n_vocab, eos_token=eos)
+
+
 class LLGuidanceEngine(Engine):
     """llguidance for one Hugging Face *fast* tokenizer (:class:`~structgen.constraints.base.Engine`).
 
@@ -287,8 +299,8 @@ class LLGuidanceEngine(Engine):
 
     def __init__(self, tokenizer: Any, *, n_vocab: int | None = None, eos_token_id: int | None = None):
         try:
-            lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos_token_id)
-        except (ValueError, TypeError, RuntimeError) as exc:
+            lltok = llguidance_tokenizer(tokenizer, n_vocab=n_vocab, eos_token_id=eos_token_id)
+        except (ValueError, TypeError, RuntimeError, AttributeError) as exc:
             raise ConstraintError(f"cannot build an llguidance tokenizer: {exc}") from exc
         size = int(lltok.vocab_size)
         self.hf_tokenizer = tokenizer
