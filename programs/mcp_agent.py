@@ -6,6 +6,7 @@ lists (with their JSON schemas) become structgen tools, and each call goes to th
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def server() -> MCPTools:
     """The demo MCP server, not yet started (use it as a context manager)."""
-    return MCPTools(sys.executable, ["-m", "programs.mcp_server"], env={"PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the caller's path too
+    return MCPTools(sys.executable, ["-m", "programs.mcp_server"], env={"PYTHONPATH": path}, cwd=str(ROOT))
 
 
 @sg.program
