@@ -179,7 +179,7 @@ def rss_worker(tmp: Path, n: int, dtype: str) -> None:
     from structgen.extract.journal import Journal
     from structgen.extract.outputs import open_writer
     from structgen.extract.prompt import PromptBuilder
-    from structgen.extract.stream import run_records
+    from structgen.extract.stream import DEFAULT_CONCURRENCY, run_records
 
     inp = tmp / "rss.jsonl"
     rng = random.Random(7)
@@ -192,7 +192,8 @@ def rss_worker(tmp: Path, n: int, dtype: str) -> None:
     writer = open_writer(tmp / "rss.out.jsonl")
     at_1k = float("nan")
     start = time.perf_counter()
-    for count, done in enumerate(run_records(read_records(inp), ex, journal=journal, concurrency=64), 1):
+    done_iter = run_records(read_records(inp), ex, journal=journal, concurrency=DEFAULT_CONCURRENCY)
+    for count, done in enumerate(done_iter, 1):
         writer.write(done.line, done.result.extra)
         if count == 1000:
             at_1k = rss_mb()

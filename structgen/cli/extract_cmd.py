@@ -91,7 +91,7 @@ def extract_command(
         help="Bound the schema's strings and arrays so the longest object fits --max-tokens "
              "(a runaway value cannot cut the record).")] = True,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, rich_help_panel=_JOB,
-                                             help="Records in flight at once.")] = 64,
+                                             help="Records in flight at once.")] = 256,
     journal: Annotated[Path | None, typer.Option(
         "--journal", rich_help_panel=_JOB,
         help="Progress database (default: OUTPUT.progress.sqlite). Rerunning the same command skips finished records.")

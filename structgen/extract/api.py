@@ -22,12 +22,11 @@ from structgen.extract.outputs import open_writer
 from structgen.extract.progress import Progress, summary_table
 from structgen.extract.prompt import Example, PromptBuilder, load_few_shot
 from structgen.extract.records import ExtractResult
-from structgen.extract.stream import run_records
+from structgen.extract.stream import DEFAULT_CONCURRENCY, run_records
 from structgen.extract.summary import Stats
 
 __all__ = ["JobOptions", "extract", "make_backend", "run_job"]
 
-DEFAULT_CONCURRENCY = 64
 
 
 def make_backend(name: str = "embedded", urls: Sequence[str] = (), model: str | None = None,

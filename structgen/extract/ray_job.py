@@ -55,7 +55,7 @@ class RayOptions:
     address: str | None = None
     workers: int = 1
     num_cpus: int | None = None
-    batch_size: int = 64
+    batch_size: int = 256  # records per map_batches call: one worker's records in flight
     cpus_per_worker: float = 1.0
 
 

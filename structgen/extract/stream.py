@@ -23,7 +23,11 @@ from structgen.extract.extractor import Extractor, seed_of
 from structgen.extract.journal import Journal, content_key
 from structgen.extract.records import ExtractResult, InputRecord
 
-__all__ = ["Done", "model_id", "run_records"]
+__all__ = ["DEFAULT_CONCURRENCY", "Done", "model_id", "run_records"]
+
+#: records in flight at once: enough for a local engine's full batch (the embedded engine
+#: decodes 256 sequences per pass) and for a server's continuous batching
+DEFAULT_CONCURRENCY = 256
 
 
 @dataclass
@@ -66,7 +70,8 @@ def record_key(extractor: Extractor, record: InputRecord, model: str) -> tuple[s
 
 
 def run_records(records: Iterable[InputRecord], extractor: Extractor, *, journal: Journal | None = None,
-                retry_failed: bool = False, concurrency: int = 64, window: int | None = None) -> Iterator[Done]:
+                retry_failed: bool = False, concurrency: int = DEFAULT_CONCURRENCY,
+                window: int | None = None) -> Iterator[Done]:
     """Yield a :class:`Done` per record, in input order."""
     concurrency = max(1, int(concurrency))
     window = window or concurrency * 2

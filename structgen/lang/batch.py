@@ -54,7 +54,7 @@ class Batch:
         self.kwargs = dict(kwargs)
         self.backend = resolve(backend)
         if num_threads == "auto":
-            self.workers = max(1, min(len(self.items), max(64, (os.cpu_count() or 1) * 16)))
+            self.workers = max(1, min(len(self.items), max(256, (os.cpu_count() or 1) * 16)))
         elif isinstance(num_threads, int) and not isinstance(num_threads, bool) and num_threads >= 1:
             self.workers = num_threads
         else:
