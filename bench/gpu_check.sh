@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for a lent H200 machine (its python3 has torch, transformers and accelerate; it
-# has no package index, and lacks pydantic, jsonschema, llguidance, gguf, google-re2).
+# has no package index, and lacks pydantic, jsonschema, llguidance, gguf, google-re2, mcp).
 #
 # Prepare here (on the CPU machine, repo root); the wheels travel in .whl (ignored):
 #   echo /.whl/ >> .git/info/exclude; echo /.whl2/ >> .git/info/exclude

@@ -61,8 +61,8 @@ class EngineConfig:
     append a constraint's forced tokens without sampling. ``max_running``: sequences
     decoding at once (256, as vLLM's ``max_num_seqs``: a pass over 256 rows runs the
     weights' matrix products at about twice the rate per row of one over 64 on an AMX
-    CPU, and batch extraction ran 1.6x faster than at 64 -- ``bench/extract.py
-    --alt-concurrency``). ``max_prefill_tokens``: tokens per prefill pass."""
+    CPU, and batch extraction ran 1.47x faster than at 64 -- ``bench/extract.py
+    --alt-concurrency 256``). ``max_prefill_tokens``: tokens per prefill pass."""
 
     kv_tokens: int = 16384
     prefix_cache: bool = True

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from structgen.extract.stream import DEFAULT_CONCURRENCY
+
 __all__ = ["extract_command"]
 
 
@@ -91,7 +93,7 @@ def extract_command(
         help="Bound the schema's strings and arrays so the longest object fits --max-tokens "
              "(a runaway value cannot cut the record).")] = True,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, rich_help_panel=_JOB,
-                                             help="Records in flight at once.")] = 256,
+                                             help="Records in flight at once.")] = DEFAULT_CONCURRENCY,
     journal: Annotated[Path | None, typer.Option(
         "--journal", rich_help_panel=_JOB,
         help="Progress database (default: OUTPUT.progress.sqlite). Rerunning the same command skips finished records.")

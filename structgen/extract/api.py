@@ -28,7 +28,6 @@ from structgen.extract.summary import Stats
 __all__ = ["JobOptions", "extract", "make_backend", "run_job"]
 
 
-
 def make_backend(name: str = "embedded", urls: Sequence[str] = (), model: str | None = None,
                  **kw: Any) -> Backend:
     """A backend by name; several ``urls`` make a :class:`~structgen.extract.balance.Balancer`
