@@ -1,8 +1,10 @@
 """Scoring continuations (``select``) on the engine's model, KV pool and prefix cache.
 
-One pass computes the prefix (through the radix cache) and gives every continuation's
-first-token logits; a second pass runs all continuations' remaining tokens together
-against the shared prefix KV. The prefix stays cached for what follows; the
+One pass computes the prefix (through the radix cache) together with the first
+continuation, giving every continuation's first-token logits and the first one's rest (a
+single continuation -- a ``select`` scored unconditionally, a tool's relevance -- costs one
+pass); a second pass runs the other continuations' remaining tokens together against the
+shared prefix KV. The prefix stays cached for what follows; the
 continuations' KV is released. Runs on the engine's loop thread, between steps.
 """
 
@@ -48,11 +50,20 @@ class Scorer:
             blocks = match.blocks + own
             prefix_slots = list(self.pool.slot_mapping(blocks, 0, len(prefix)))
             with torch.inference_mode():
-                fb = self.model.prepare([SeqInput(prefix[match.length:], prefix_slots, logits="last")])
-                first = torch.log_softmax(self.model.forward(fb, self.kv)[0].float(), dim=-1)
+                # the first continuation rides on the prefix's forward (its rows: the last
+                # prefix token's, then its own); the others follow in one more forward
+                c0 = conts[0] if conts else []
+                extra0 = (self.pool.allocate(len(c0) - 1) or []) if len(c0) > 1 else []
+                held += extra0
+                fb = self.model.prepare([SeqInput(
+                    list(prefix[match.length:]) + list(c0[:-1]),
+                    prefix_slots + list(self.pool.slot_mapping(extra0, 0, len(c0) - 1)) if extra0 else prefix_slots,
+                    logits=max(1, len(c0)))])
+                rows0 = torch.log_softmax(self.model.forward(fb, self.kv).float(), dim=-1)
                 self.forward_passes += 1
+                first = rows0[0]
                 inputs = []
-                for c in conts:
+                for c in conts[1:]:
                     if len(c) > 1:
                         extra = self.pool.allocate(len(c) - 1) or []
                         held += extra
@@ -64,10 +75,10 @@ class Scorer:
                     rest = iter(fb.split(self.model.forward(fb, self.kv)))
                     self.forward_passes += 1
                 result = []
-                for c in conts:
+                for i, c in enumerate(conts):
                     lps = [float(first[c[0]])] if c else []
                     if len(c) > 1:
-                        rows = torch.log_softmax(next(rest).float(), dim=-1)
+                        rows = rows0[1:] if i == 0 else torch.log_softmax(next(rest).float(), dim=-1)
                         lps += [float(rows[j, t]) for j, t in enumerate(c[1:])]
                     result.append(lps)
             self.scored_tokens += new + sum(tails)

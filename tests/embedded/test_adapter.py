@@ -349,7 +349,22 @@ def test_select_computes_the_prompt_once(backend):
     n_prompt = len(backend.encode(prompt))
     longest = max(len(t) for t in res.meta["choice_token_ids"])
     assert d["computed_tokens"] <= n_prompt + len(choices) * (longest - 1)
-    assert d["forward_passes"] <= 2  # the prefix, then all choices in one batch
+    assert d["forward_passes"] <= 2  # the prefix with the first choice, then the others in one batch
+
+
+@pytest.mark.model
+def test_select_scores_alike_whichever_pass_a_choice_rides(backend):
+    """The first choice rides on the prefix's pass, the others on a second one: the same
+    choice scores the same either way, and a single choice costs one pass."""
+    prompt = "A list of colours: red, green, and"
+    backend.clear_prefix_cache()
+    before = backend.stats()
+    [one] = backend.select([SelectRequest(prompt, (" dark purple",))])
+    assert delta(backend, before)["forward_passes"] == 1
+    backend.clear_prefix_cache()
+    [two] = backend.select([SelectRequest(prompt, (" blue", " dark purple"))])
+    assert len(one.input_token_logprobs[0]) >= 2
+    assert one.input_token_logprobs[0] == pytest.approx(two.input_token_logprobs[1], abs=1e-4)
 
 
 @pytest.mark.model
