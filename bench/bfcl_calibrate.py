@@ -1,10 +1,14 @@
-"""Calibrate ``tool_choice="auto"``'s call threshold on a BFCL slice the benchmark does not score.
+"""Calibrate ``tool_choice="auto"``'s first decision on a BFCL slice the benchmark does not score.
 
     python bench/bfcl_calibrate.py [DIR] [--offset 100] [--limit 40] [--categories a,b]
+                                   [--signal relevance|probe]
 
-``auto`` in the injected format first asks the model how likely the turn opens the call
-block (:mod:`structgen.tools.decision`); below a threshold the turn is a plain answer.
-This script reads that *call probability* for every record of the slice (records
+``auto`` in the injected format first scores the turn; below a threshold the turn is a
+plain answer. Two signals: ``relevance`` (the default, :mod:`structgen.tools.relevance`:
+how much the user's question raises the likelihood of the best allowed tool's description,
+nats per token) and ``probe`` (:mod:`structgen.tools.decision`: the model's probability of
+opening the call block; the decision used after tool results).
+This script reads the signal for every record of the slice (records
 ``offset .. offset+limit-1`` of each category; ``bench/bfcl.py`` scores the first ``--limit``
 records, so the default slice is disjoint from it) and prints, for each candidate threshold,
 the share of call-category records that would call and of ``*irrelevance*`` records that
@@ -12,7 +16,7 @@ would not, and the threshold with the best balanced accuracy (the mean of the tw
 each call category weighted like the irrelevance one). Only the probe runs: each turn is
 decided and cut after two tokens. Last line::
 
-    RESULT call_threshold=<x> balanced_accuracy=<x> call_rate=<x> abstain_rate=<x>
+    RESULT signal=<relevance|probe> threshold=<x> balanced_accuracy=<x> call_rate=<x> abstain_rate=<x>
 """
 
 from __future__ import annotations
@@ -29,24 +33,29 @@ import structgen as sg  # noqa: E402
 from bench.bfcl import ROLE, default_dir, record_tools  # noqa: E402
 from bench.bfcl_check import Category, load_categories  # noqa: E402
 
+#: per signal: the tool_choice that scores it and then always answers (the turn is cut after
+#: 2 tokens), and the meta key the score is read from
+SIGNALS = {"relevance": ({"mode": "auto", "relevance_threshold": 1e9}, "tool_relevance"),
+           "probe": ({"mode": "auto", "call_threshold": 1.0}, "call_probability")}
+
 
 @sg.program
-def probe_turn(s, messages, tools, parallel):
+def probe_turn(s, messages, tools, parallel, choice):
     s += sg.use_tools(tools)
     for m in messages:
         s += ROLE.get(m["role"], sg.user)(m["content"])
-    # call_threshold=1: every turn is decided "answer" after the probe, cut after 2 tokens
-    s += sg.assistant(sg.gen("out", tools=tools, tool_choice={"mode": "auto", "call_threshold": 1.0},
-                             parallel_tool_calls=bool(parallel), max_tokens=2))
+    s += sg.assistant(sg.gen("out", tools=tools, tool_choice=choice, parallel_tool_calls=bool(parallel),
+                             max_tokens=2))
 
 
-def probabilities(backend: Any, cat: Category) -> list[float]:
-    states = probe_turn.run_batch([{"messages": r.messages, "tools": record_tools(r), "parallel": cat.parallel}
-                                   for r in cat.records], backend=backend, num_threads=16)
+def probabilities(backend: Any, cat: Category, signal: str = "relevance") -> list[float]:
+    choice, key = SIGNALS[signal]
+    states = probe_turn.run_batch([{"messages": r.messages, "tools": record_tools(r), "parallel": cat.parallel,
+                                    "choice": choice} for r in cat.records], backend=backend, num_threads=16)
     out = []
     for st in states:
         st.raise_if_failed()
-        out.append(float(st.get_meta_info("out")["call_probability"]))
+        out.append(float(st.get_meta_info("out")[key]))
     return out
 
 
@@ -57,10 +66,10 @@ def rates(calls: dict[str, list[float]], abstain: list[float], t: float) -> tupl
 
 
 def best_threshold(calls: dict[str, list[float]], abstain: list[float]) -> tuple[float, float, float, float]:
-    """``(threshold, balanced accuracy, call rate, abstain rate)``: the candidate (a probability
+    """``(threshold, balanced accuracy, call rate, abstain rate)``: the candidate (a score
     seen in the slice) with the best balanced accuracy; ties go to the lower threshold."""
-    candidates = sorted({p for ps in calls.values() for p in ps} | set(abstain) | {0.0})
-    best = (0.0, -1.0, 0.0, 0.0)
+    candidates = sorted({p for ps in calls.values() for p in ps} | set(abstain))
+    best = (candidates[0] if candidates else 0.0, -1.0, 0.0, 0.0)
     for t in candidates:
         call_rate, abstain_rate = rates(calls, abstain, t)
         bal = (call_rate + abstain_rate) / 2
@@ -75,6 +84,7 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=100)
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--categories", default=None)
+    ap.add_argument("--signal", choices=sorted(SIGNALS), default="relevance")
     args = ap.parse_args()
     cats = load_categories(Path(args.dir), args.limit, args.offset)
     if args.categories:
@@ -84,7 +94,7 @@ def main() -> None:
     from structgen.backends.embedded import EmbeddedBackend
 
     backend = EmbeddedBackend()
-    probs = {c.name: probabilities(backend, c) for c in cats}
+    probs = {c.name: probabilities(backend, c, args.signal) for c in cats}
     backend.close()
     calls = {c.name: probs[c.name] for c in cats if not c.irrelevance}
     abstain = [p for c in cats if c.irrelevance for p in probs[c.name]]
@@ -92,13 +102,15 @@ def main() -> None:
           + ", ".join(f"{c.name} ({len(c.records)})" for c in cats))
     for name, ps in probs.items():
         qs = sorted(ps)
-        print(f"{name:<20} call probability quartiles "
+        print(f"{name:<20} {args.signal} quartiles "
               + " ".join(f"{qs[min(len(qs) - 1, int(q * len(qs)))]:.4f}" for q in (0.25, 0.5, 0.75)))
     print(f"{'threshold':>10} {'call rate':>10} {'abstain':>10}")
-    for t in (0.005, 0.01, 0.02, 0.03, 0.05, 0.1):
+    grid = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1) if args.signal == "probe" else (0.5, 0.75, 1.0, 1.1, 1.25, 1.5)
+    for t in grid:
         print("{:>10.3f} {:>10.3f} {:>10.3f}".format(t, *rates(calls, abstain, t)))
     t, bal, cr, ar = best_threshold(calls, abstain)
-    print(f"RESULT call_threshold={t:.4f} balanced_accuracy={bal:.3f} call_rate={cr:.3f} abstain_rate={ar:.3f}")
+    print(f"RESULT signal={args.signal} threshold={t:.4f} balanced_accuracy={bal:.3f} call_rate={cr:.3f} "
+          f"abstain_rate={ar:.3f}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from structgen.lang.ir import (
     VarScopeEnd,
     flatten,
 )
-from structgen.lang.kinds import RequestKind, kind_for_node
+from structgen.lang.kinds import RequestKind, kind_for_node, kind_of
 
 __all__ = ["Emit", "Interpreter", "Pending", "register_prompt_node"]
 
@@ -70,10 +70,12 @@ class Interpreter:
     def __init__(self, *, program: str | None, defaults: SamplingParams,
                  chat_template: ChatTemplate | None, chat_messages: bool = False,
                  group: str | None = None, emit: Emit | None = None,
-                 cancel: Cancellation | None = None, scores: bool = False):
+                 cancel: Cancellation | None = None, scores: bool = False, ranks: bool = False):
         self.program = program
         #: the backend returns top log-probabilities (a tool turn's first decision is scored)
         self.scores = scores
+        #: the backend scores ``select`` by log-probabilities (a tool turn's relevance is scored)
+        self.ranks = ranks
         self.defaults = defaults
         self.chat_template = chat_template
         self.chat_messages = chat_messages
@@ -101,7 +103,7 @@ class Interpreter:
             raise ProgramError("cannot fork a state with work still pending", program=self.program)
         child = Interpreter(program=self.program, defaults=self.defaults,
                             chat_template=self.chat_template, chat_messages=self.chat_messages,
-                            group=group, emit=emit, cancel=self.cancel, scores=self.scores)
+                            group=group, emit=emit, cancel=self.cancel, scores=self.scores, ranks=self.ranks)
         child.text = self.text
         child.variables = dict(self.variables)
         child.values = dict(self.values)
@@ -171,7 +173,10 @@ class Interpreter:
                 name = self._name(getattr(node, "name", None))
                 request = kind.start(self, node, name)
                 # a node that may be retried, or whose first request is a probe (a tool turn's
-                # scored decision), is streamed only once its text is final
+                # scored decision), is streamed only once its text is final; a first request
+                # of another kind (a tool turn's relevance scoring) is sent as that kind
+                if type(request) is not kind.request:
+                    kind = kind_of(request)
                 self._pending = Pending(kind, node, request, name,
                                         hold=getattr(node, "retries", 0) > 0 or _is_probe(node, request))
                 return self._pending.request
@@ -330,8 +335,9 @@ class Interpreter:
 
 
 def _is_probe(node: Any, request: Any) -> bool:
-    """A ``gen(tools=...)`` whose request carries no constraint: its scored first decision."""
-    return (getattr(request, "constraint", 0) is None
+    """A ``gen(tools=...)`` whose request carries no constraint: its scored first decision
+    (a probe, or a relevance scoring)."""
+    return (getattr(request, "constraint", None) is None
             and getattr(getattr(node, "constraint", None), "kind", None) == "tool_request")
 
 

@@ -81,13 +81,17 @@ class Run:
         #: top log-probabilities with their text and its prefix cache makes the probe's prompt
         #: free to reuse
         self._scores = {"top_logprobs_num", "return_text_in_logprobs"} <= caps.sampling and caps.prefix_cache
+        #: ... and by relevance (:mod:`structgen.tools.relevance`) where it scores select by
+        #: log-probabilities and has a prefix cache (the tools' unconditional scores repeat for
+        #: every turn with the same tools: computed once)
+        self._ranks = caps.select == "logprobs" and caps.prefix_cache
         self.root = self.new_interpreter(emit=self.stream.emit if self.stream is not None else None)
         self.state = ProgramState(self, self.root)
 
     def new_interpreter(self, emit: Emit | None = None) -> Interpreter:
         return Interpreter(program=self.program, defaults=self.defaults, chat_template=self._template,
                            chat_messages=self._chat_messages, group=self.id, emit=emit,
-                           cancel=self.cancel, scores=self._scores)
+                           cancel=self.cancel, scores=self._scores, ranks=self._ranks)
 
     def fork_group_id(self) -> str:
         return f"{self.id}/fork{next(self._forks)}"

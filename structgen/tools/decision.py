@@ -18,6 +18,11 @@ Either way the grammar is the constraint, so every call that is made is valid. T
 probability is in the gen's meta (``call_probability``). ``call_threshold=0`` turns the
 decision off; a thinking section, native formats and other backends keep the grammar's
 own decision.
+
+Where the backend also scores ``select`` by log-probabilities, a turn answering a user
+message is decided by relevance instead (:mod:`structgen.tools.relevance`, a sharper signal
+on small models); this probe then decides the turns after tool results, and every turn when
+``call_threshold`` is given without ``relevance_threshold``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ and validates every call.
 
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
 answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
-"auto"|"required", "call_threshold": p}`` (``p``: see :mod:`structgen.tools.decision`).
+"auto"|"required", "call_threshold": p, "relevance_threshold": r}`` (``p``: see
+:mod:`structgen.tools.decision`; ``r``: :mod:`structgen.tools.relevance`, ``None`` = off).
 ``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
 :data:`MAX_PARALLEL`) or ``k`` (up to ``k``).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -57,7 +59,7 @@ def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tupl
             raise ProgramError(f"tool_choice {tool_choice!r} names no tool (tools: {list(names)})")
         return "required", (tool_choice,)
     if isinstance(tool_choice, Mapping):
-        if "allowed" in tool_choice or "call_threshold" in tool_choice:
+        if any(k in tool_choice for k in ("allowed", "call_threshold", "relevance_threshold")):
             allowed = tuple(tool_choice.get("allowed", names))
             mode = str(tool_choice.get("mode", "auto"))
             if mode not in ("auto", "required"):
@@ -81,6 +83,20 @@ def choice_threshold(tool_choice: Any) -> float | None:
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
         raise ProgramError(f"call_threshold must be a probability in [0, 1], not {p!r}")
     return float(p)
+
+
+_UNSET = object()
+
+
+def choice_relevance(tool_choice: Any) -> Any:
+    """``auto``'s relevance threshold when ``tool_choice`` sets one (``{"relevance_threshold":
+    r}``: a number, or ``None`` = off); a private marker when it does not."""
+    if not isinstance(tool_choice, Mapping) or "relevance_threshold" not in tool_choice:
+        return _UNSET
+    r = tool_choice["relevance_threshold"]
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or math.isnan(r)):
+        raise ProgramError(f"relevance_threshold must be a number (nats per token) or None, not {r!r}")
+    return None if r is None else float(r)
 
 
 def normalize_parallel(parallel: Any) -> int:
@@ -132,6 +148,10 @@ class ToolCallSpec(GrammarSpec):
     call_threshold: float | None = None
     #: the model's probability of opening the call block, once the decision is made
     call_probability: float | None = field(default=None, compare=False)
+    #: ``auto``'s first decision by relevance (:mod:`structgen.tools.relevance`): None = off
+    relevance_threshold: float | None = None
+    #: the turn's relevance (the best tool's), once the decision is made
+    relevance: float | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         return f"tool calls ({self.mode}, {self.format}, tools {list(self.allowed)}, up to {self.max_calls})"
@@ -178,15 +198,20 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
         chosen, caps = [t for t, _ in fitted], [c for _, c in fitted]
     grammar = tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th, caps=caps)
     tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
-    threshold = None
+    threshold = relevance = None
     if mode == "auto" and fmt.opens_in_auto and th is None:  # auto's first decision, scored by the model
         from structgen.tools.decision import DEFAULT_CALL_THRESHOLD
+        from structgen.tools.relevance import DEFAULT_RELEVANCE_THRESHOLD
 
         given = choice_threshold(tool_choice)
         threshold = DEFAULT_CALL_THRESHOLD if given is None else (given or None)
+        r = choice_relevance(tool_choice)
+        probe_chosen = isinstance(tool_choice, Mapping) and "call_threshold" in tool_choice
+        # the default: relevance decides; a call_threshold given alone chooses the probe
+        relevance = (None if probe_chosen else DEFAULT_RELEVANCE_THRESHOLD) if r is _UNSET else r
     return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
                         mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
-                        call_threshold=threshold)
+                        call_threshold=threshold, relevance_threshold=relevance)
 
 
 @dataclass(frozen=True)
@@ -204,6 +229,7 @@ class ToolRequest:
         resolved = as_tools(tools)
         normalize_choice(tool_choice, resolved)  # errors now, at gen(), not mid-run
         choice_threshold(tool_choice)
+        choice_relevance(tool_choice)
         normalize_parallel(parallel)
         normalize_think(think)
         choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice

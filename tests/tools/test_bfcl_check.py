@@ -81,4 +81,6 @@ def test_calibration_picks_the_best_balanced_threshold() -> None:
     assert (call_rate, abstain_rate) == (pytest.approx(7 / 12), 1.0)
     assert bal == pytest.approx((7 / 12 + 1) / 2)
     # with no separating signal the lowest threshold (always call) wins the tie
-    assert best_threshold({"a": [0.5]}, [0.5])[0] == 0.0
+    assert best_threshold({"a": [0.5]}, [0.5])[:2] == (0.5, 0.5)
+    # relevance scores may be negative: the candidates are the scores seen
+    assert best_threshold({"a": [0.2, 0.9]}, [-0.5, -0.1])[:2] == (0.2, 1.0)

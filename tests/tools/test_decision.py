@@ -120,9 +120,12 @@ def test_threshold_zero_opens_the_block_without_a_probe(embedded_backend):
 
 
 @pytest.mark.model
-def test_the_default_decision_follows_the_probability_in_a_batch(embedded_backend):
+def test_the_decision_follows_the_probability_in_a_batch(embedded_backend):
+    # call_threshold given alone: the probe decides (the default decides by relevance first:
+    # tests/tools/test_relevance.py)
     questions = ["What is 2 + 3?", "What is the weather in Paris?", "Write a haiku about the sea."]
-    states = ask.run_batch([{"question": q} for q in questions], backend=embedded_backend)
+    choice = {"mode": "auto", "call_threshold": DEFAULT_CALL_THRESHOLD}
+    states = ask.run_batch([{"question": q, "choice": choice} for q in questions], backend=embedded_backend)
     for st in states:
         st.raise_if_failed()
         turn, p = st.value("turn"), st.get_meta_info("turn")["call_probability"]

@@ -1,7 +1,9 @@
 """Request kinds: the one table the interpreter and the drive loop dispatch through.
 
 A program asks a backend for two kinds of work today: ``generate`` (:mod:`.generate`, from
-``gen``) and ``select`` (:mod:`.select`, from ``select`` / ``gen(choices=...)``). Each kind is
+``gen``) and ``select`` (:mod:`.select`, from ``select`` / ``gen(choices=...)``); a third,
+``tool_relevance`` (:mod:`.relevance`), is a ``select`` that a tool turn's ``generate``
+sends first to decide the turn (no node of its own). Each kind is
 one :class:`RequestKind`: the IR node that starts it, how the interpreter turns the node
 into a request and records the result, how a backend's capabilities are checked, and how
 a batch of its requests is sent (sync and async). Adding a kind is one new module that
@@ -41,7 +43,9 @@ class RequestKind:
     """
 
     name: str
-    node: type[Any]
+    #: the IR node that starts it; None for a kind another kind's ``finish`` starts (a tool
+    #: turn's relevance scoring)
+    node: type[Any] | None
     request: type[Any]
     start: Callable[[Interpreter, Any, str], Any]
     finish: Callable[[Interpreter, Pending, Any], None]
@@ -62,10 +66,13 @@ _by_request: dict[type[Any], RequestKind] = {}
 def register(kind: RequestKind) -> RequestKind:
     """Add ``kind`` to the table (its node and request classes must be new to it)."""
     for table, key in ((_by_node, kind.node), (_by_request, kind.request)):
+        if key is None:
+            continue
         other = table.get(key)
         if other is not None and other is not kind:
             raise ValueError(f"{key.__name__} already belongs to request kind {other.name!r}")
-    _by_node[kind.node] = kind
+    if kind.node is not None:
+        _by_node[kind.node] = kind
     _by_request[kind.request] = kind
     return kind
 
@@ -89,4 +96,5 @@ def kinds() -> list[RequestKind]:
 
 # the built-in kinds register themselves
 from structgen.lang.kinds import generate as _generate  # noqa: E402, F401
+from structgen.lang.kinds import relevance as _relevance  # noqa: E402, F401
 from structgen.lang.kinds import select as _select  # noqa: E402, F401

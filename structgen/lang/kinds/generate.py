@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from structgen.contract.backend import Backend, GenerateRequest, GenerateResult, TextCallback
+from structgen.contract.backend import Backend, GenerateRequest, GenerateResult, SelectRequest, TextCallback
 from structgen.errors import BackendError, OutputValidationError, StructgenError, map_error
 from structgen.lang.ir import Gen
 from structgen.lang.kinds import RequestKind, register
@@ -25,11 +25,19 @@ if TYPE_CHECKING:
 __all__ = ["GENERATE", "convert_dtype", "typed_value"]
 
 
-def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest:
+def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest | SelectRequest:
     constraint = node.constraint
     params = node.sampling(interp.defaults)
     if getattr(constraint, "kind", None) == "tool_request":  # gen(tools=...): this backend's format
         constraint = interp.resolve_tools(constraint, params.max_new_tokens)
+        if interp.ranks and getattr(constraint, "relevance_threshold", None) is not None:
+            from structgen.tools.relevance import relevance_query, relevance_request
+
+            # auto's first decision by relevance: the tools scored after the user's question
+            query = relevance_query(interp.request_messages())
+            if query is not None and constraint.allowed_tools:
+                return relevance_request(constraint, query, program=interp.program, variable=name,
+                                         group=interp.group, cancel=interp.cancel)
         if interp.scores and getattr(constraint, "call_threshold", None) is not None:
             from structgen.tools.decision import probe_params
 
@@ -89,6 +97,8 @@ def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> 
         meta["thinking"] = split_thinking(text, think)[0]
     if getattr(constraint, "call_probability", None) is not None:
         meta["call_probability"] = constraint.call_probability
+    if getattr(constraint, "relevance", None) is not None:
+        meta["tool_relevance"] = constraint.relevance
     calls = getattr(value, "calls", None)
     if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
         meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]

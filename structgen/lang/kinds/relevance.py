@@ -1,0 +1,54 @@
+"""The ``tool_relevance`` request kind: a tool turn's first decision, scored as a ``select``.
+
+``gen(tools=..., tool_choice="auto")`` in the injected format, on a backend that scores
+``select`` by log-probabilities, first sends a :class:`~structgen.tools.relevance.RelevanceRequest`
+(the allowed tools' texts after the user's question, with unconditional scores); its result
+decides the turn (:func:`~structgen.tools.relevance.decide_relevance`) and the generation is
+sent as a ``generate`` request. No IR node starts this kind: the ``generate`` kind's start does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from structgen.contract.backend import Backend, GenerateRequest, SelectResult, TextCallback
+from structgen.errors import StructgenError
+from structgen.lang.kinds import RequestKind, register
+from structgen.lang.kinds.generate import GENERATE
+from structgen.tools.relevance import RelevanceRequest, decide_relevance, relevance_scores
+
+if TYPE_CHECKING:
+    from structgen.lang.interpreter import Interpreter, Pending
+
+__all__ = ["RELEVANCE"]
+
+
+def _start(interp: Interpreter, node: object, name: str) -> RelevanceRequest:
+    raise StructgenError("the tool_relevance kind is started by a tool turn, not by a node")
+
+
+def _finish(interp: Interpreter, pending: Pending, result: SelectResult) -> None:
+    node = pending.node
+    params = node.sampling(interp.defaults)
+    spec = decide_relevance(interp.resolve_tools(node.constraint, params.max_new_tokens), relevance_scores(result))
+    request = GenerateRequest(prompt=interp.text, params=params, constraint=spec,
+                              messages=interp.request_messages(), program=interp.program,
+                              variable=pending.name, group=interp.group, cancel=interp.cancel)
+    interp.resend(replace(pending, kind=GENERATE, request=request, hold=node.retries > 0))
+
+
+def _send(backend: Backend, requests: Sequence[RelevanceRequest],
+          on_text: TextCallback | None) -> list[SelectResult | StructgenError]:
+    return backend.select(requests)
+
+
+async def _asend(backend: Backend, requests: Sequence[RelevanceRequest],
+                 on_text: TextCallback | None) -> list[SelectResult | StructgenError]:
+    return await backend.aselect(requests)
+
+
+RELEVANCE = register(RequestKind(
+    name="tool_relevance", node=None, request=RelevanceRequest, start=_start, finish=_finish,
+    check=Backend.check_select, send=_send, asend=_asend))
