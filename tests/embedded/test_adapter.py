@@ -123,6 +123,16 @@ def backend(embedded_backend):
 
 
 @pytest.fixture(scope="module")
+def logprob_tol(backend):
+    """How close two scorings of the same tokens in different batches must be: float32
+    agrees to 1e-4; bfloat16 (the default on CUDA) moves log-probabilities by up to ~0.1 nat
+    (seen on an H200), so there the tests compare at 0.25."""
+    import torch
+
+    return 1e-4 if next(backend.hf_model.parameters()).dtype == torch.float32 else 0.25
+
+
+@pytest.fixture(scope="module")
 def prompt(backend):
     """A chat prompt with an open assistant turn, rendered by the tokenizer's own template."""
     tpl = backend.chat_template()
@@ -181,8 +191,9 @@ def test_logprobs_meta(greedy):
     assert len(lps) == len(tops) == 8
     for (lp, tok, _), top in zip(lps, tops, strict=True):
         assert lp <= 0 and len(top) == 3
-        assert top[0][0] >= lp - 1e-5  # greedy picks the most likely token
-        assert top[0][1] == tok
+        assert lp >= top[0][0] - 1e-5  # greedy picks a most likely token
+        # ... the top entry, unless tied with it (bfloat16 ties tokens: seen on an H200)
+        assert top[0][1] == tok or top[0][0] == pytest.approx(lp, abs=1e-5)
 
 
 @pytest.mark.model
@@ -329,13 +340,13 @@ def test_select_logprobs_shapes_and_tokenization(backend):
 
 
 @pytest.mark.model
-def test_select_handles_a_prompt_ending_in_a_space(backend):
+def test_select_handles_a_prompt_ending_in_a_space(backend, logprob_tol):
     """"Answer: " + "yes" tokenizes as "Answer:" + " yes": the choice's token is " yes"."""
     [spaced, plain] = backend.select([SelectRequest("Is it? Answer: ", ("yes", "no")),
                                       SelectRequest("Is it? Answer:", (" yes", " no"))])
     assert spaced.meta["choice_token_ids"] == plain.meta["choice_token_ids"]
     for a, b in zip(spaced.input_token_logprobs, plain.input_token_logprobs, strict=True):
-        assert a == pytest.approx(b, abs=1e-4)
+        assert a == pytest.approx(b, abs=logprob_tol)
 
 
 @pytest.mark.model
@@ -353,7 +364,7 @@ def test_select_computes_the_prompt_once(backend):
 
 
 @pytest.mark.model
-def test_select_scores_alike_whichever_pass_a_choice_rides(backend):
+def test_select_scores_alike_whichever_pass_a_choice_rides(backend, logprob_tol):
     """The first choice rides on the prefix's pass, the others on a second one: the same
     choice scores the same either way, and a single choice costs one pass."""
     prompt = "A list of colours: red, green, and"
@@ -364,7 +375,7 @@ def test_select_scores_alike_whichever_pass_a_choice_rides(backend):
     backend.clear_prefix_cache()
     [two] = backend.select([SelectRequest(prompt, (" blue", " dark purple"))])
     assert len(one.input_token_logprobs[0]) >= 2
-    assert one.input_token_logprobs[0] == pytest.approx(two.input_token_logprobs[1], abs=1e-4)
+    assert one.input_token_logprobs[0] == pytest.approx(two.input_token_logprobs[1], abs=logprob_tol)
 
 
 @pytest.mark.model
