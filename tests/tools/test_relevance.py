@@ -25,21 +25,8 @@ from structgen.tools.relevance import (
     relevance_scores,
 )
 from structgen.tools.spec import build_spec
+from tests.tools.test_decision import TOOLS
 
-
-@sg.tool
-def add(a: int, b: int) -> int:
-    """Add two   integers."""
-    return a + b
-
-
-@sg.tool
-def weather(city: str) -> str:
-    """The weather in a city."""
-    return "sunny"
-
-
-TOOLS = [add, weather]
 CALL = '<tool_call>[{"name": "add", "arguments": {"a": 1, "b": 2}}]</tool_call>'
 
 

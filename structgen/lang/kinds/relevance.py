@@ -9,14 +9,14 @@ sent as a ``generate`` request. No IR node starts this kind: the ``generate`` ki
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from structgen.contract.backend import Backend, GenerateRequest, SelectResult, TextCallback
+from structgen.contract.backend import Backend, GenerateRequest, SelectResult
 from structgen.errors import StructgenError
 from structgen.lang.kinds import RequestKind, register
 from structgen.lang.kinds.generate import GENERATE
+from structgen.lang.kinds.select import SELECT
 from structgen.tools.relevance import RelevanceRequest, decide_relevance, relevance_scores
 
 if TYPE_CHECKING:
@@ -39,16 +39,6 @@ def _finish(interp: Interpreter, pending: Pending, result: SelectResult) -> None
     interp.resend(replace(pending, kind=GENERATE, request=request, hold=node.retries > 0))
 
 
-def _send(backend: Backend, requests: Sequence[RelevanceRequest],
-          on_text: TextCallback | None) -> list[SelectResult | StructgenError]:
-    return backend.select(requests)
-
-
-async def _asend(backend: Backend, requests: Sequence[RelevanceRequest],
-                 on_text: TextCallback | None) -> list[SelectResult | StructgenError]:
-    return await backend.aselect(requests)
-
-
 RELEVANCE = register(RequestKind(
     name="tool_relevance", node=None, request=RelevanceRequest, start=_start, finish=_finish,
-    check=Backend.check_select, send=_send, asend=_asend))
+    check=Backend.check_select, send=SELECT.send, asend=SELECT.asend))  # sent as a select
