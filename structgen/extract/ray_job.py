@@ -55,16 +55,8 @@ class RayOptions:
     address: str | None = None
     workers: int = 1
     num_cpus: int | None = None
-    #: records per ``map_batches`` call; None: :data:`BATCHES_PER_CALL` times the job's
-    #: concurrency. A worker keeps ``concurrency`` records in flight inside a call, but a call
-    #: ends with a tail (its last records decoding in ever smaller passes) before the next
-    #: starts; larger calls have fewer tails
-    batch_size: int | None = None
+    batch_size: int = 256  # records per map_batches call: one worker's records in flight
     cpus_per_worker: float = 1.0
-
-
-#: ``map_batches`` calls hold this many times the job's concurrency (:attr:`RayOptions.batch_size`)
-BATCHES_PER_CALL = 4
 
 
 def _require_ray() -> Any:
@@ -301,8 +293,7 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
              "backend_kwargs": dict(ropts.backend_kwargs)}
     ds = _dataset(ray, opts).map_batches(
         ExtractWorker, fn_constructor_kwargs={"job": job, "ray_opts": rdict, "journal": journal},
-        batch_size=ropts.batch_size or BATCHES_PER_CALL * max(1, opts.concurrency), concurrency=ropts.workers,
-        num_cpus=ropts.cpus_per_worker)
+        batch_size=ropts.batch_size, concurrency=ropts.workers, num_cpus=ropts.cpus_per_worker)
     stats = Stats(total=opts.total if opts.total is not None else count_lines(opts.input))
     writer = open_writer(opts.output, opts.output_format)
     progress = Progress(stats, quiet=opts.quiet or opts.output == "-")
