@@ -13,8 +13,8 @@ This script reads the signal for every record of the slice (records
 records, so the default slice is disjoint from it) and prints, for each candidate threshold,
 the share of call-category records that would call and of ``*irrelevance*`` records that
 would not, and the threshold with the best balanced accuracy (the mean of the two shares,
-each call category weighted like the irrelevance one). Only the probe runs: each turn is
-decided and cut after two tokens. Last line::
+each call category weighted like the irrelevance one). Only the decision runs: each turn
+is scored, decided "answer" and cut after two tokens. Last line::
 
     RESULT signal=<relevance|probe> threshold=<x> balanced_accuracy=<x> call_rate=<x> abstain_rate=<x>
 """

@@ -50,25 +50,22 @@ class Scorer:
             blocks = match.blocks + own
             prefix_slots = list(self.pool.slot_mapping(blocks, 0, len(prefix)))
             with torch.inference_mode():
+                def slots(c: list[int]) -> list[int]:
+                    """The prefix's slots plus new ones for ``c``'s tokens but its last."""
+                    n = max(len(c) - 1, 0)
+                    extra = (self.pool.allocate(n) or []) if n else []
+                    held.extend(extra)
+                    return prefix_slots + list(self.pool.slot_mapping(extra, 0, n))
+
                 # the first continuation rides on the prefix's forward (its rows: the last
                 # prefix token's, then its own); the others follow in one more forward
                 c0 = conts[0] if conts else []
-                extra0 = (self.pool.allocate(len(c0) - 1) or []) if len(c0) > 1 else []
-                held += extra0
-                fb = self.model.prepare([SeqInput(
-                    list(prefix[match.length:]) + list(c0[:-1]),
-                    prefix_slots + list(self.pool.slot_mapping(extra0, 0, len(c0) - 1)) if extra0 else prefix_slots,
-                    logits=max(1, len(c0)))])
+                fb = self.model.prepare([SeqInput(list(prefix[match.length:]) + list(c0[:-1]), slots(c0),
+                                                  logits=max(1, len(c0)))])
                 rows0 = torch.log_softmax(self.model.forward(fb, self.kv).float(), dim=-1)
                 self.forward_passes += 1
                 first = rows0[0]
-                inputs = []
-                for c in conts[1:]:
-                    if len(c) > 1:
-                        extra = self.pool.allocate(len(c) - 1) or []
-                        held += extra
-                        inputs.append(SeqInput(c[:-1], prefix_slots + list(
-                            self.pool.slot_mapping(extra, 0, len(c) - 1)), logits="all"))
+                inputs = [SeqInput(c[:-1], slots(c), logits="all") for c in conts[1:] if len(c) > 1]
                 rest: Iterator[torch.Tensor] = iter([])
                 if inputs:
                     fb = self.model.prepare(inputs)

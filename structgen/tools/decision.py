@@ -36,7 +36,7 @@ from structgen.contract.backend import SamplingParams
 from structgen.tools.grammar import tool_grammar
 from structgen.tools.spec import ToolCallSpec
 
-__all__ = ["DEFAULT_CALL_THRESHOLD", "PROBE_TOP", "call_probability", "decide", "probe_params"]
+__all__ = ["DEFAULT_CALL_THRESHOLD", "PROBE_TOP", "as_answer", "call_probability", "decide", "probe_params"]
 
 #: the call probability at or above which ``auto`` opens the call block: calibrated for
 #: SmolLM2-135M-Instruct by ``bench/bfcl_calibrate.py`` on BFCL records 100-139 of each
@@ -69,11 +69,16 @@ def call_probability(meta: Mapping[str, Any], trigger: str) -> float:
     return min(total, 1.0)
 
 
+def as_answer(spec: ToolCallSpec, **fields: Any) -> ToolCallSpec:
+    """``spec`` decided as a plain answer (``tool_choice="none"``'s grammar: the call
+    trigger can never be written), with ``fields`` replaced too."""
+    grammar = tool_grammar(spec.call_format, [], mode="none", max_calls=1, think=spec.think)
+    return dataclasses.replace(spec, grammar=grammar, mode="none", **fields)
+
+
 def decide(spec: ToolCallSpec, meta: Mapping[str, Any]) -> ToolCallSpec:
     """The turn's spec after the probe: the call block, or a plain answer."""
-    fmt = spec.call_format
-    p = call_probability(meta, fmt.trigger)
+    p = call_probability(meta, spec.call_format.trigger)
     if spec.call_threshold is None or p >= spec.call_threshold:
         return dataclasses.replace(spec, call_probability=p)
-    grammar = tool_grammar(fmt, [], mode="none", max_calls=1, think=spec.think)
-    return dataclasses.replace(spec, grammar=grammar, mode="none", call_probability=p)
+    return as_answer(spec, call_probability=p)

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from structgen.contract.backend import Message, SelectRequest, SelectResult
-from structgen.tools.grammar import tool_grammar
+from structgen.lang.choices import unconditional_likelihood_normalized
+from structgen.tools.decision import as_answer
 from structgen.tools.spec import ToolCallSpec
 
 __all__ = ["DEFAULT_RELEVANCE_THRESHOLD", "QUERY", "TOOL", "RelevanceRequest", "decide_relevance",
@@ -77,19 +78,17 @@ def relevance_request(spec: ToolCallSpec, query: str, **fields: object) -> Relev
                             need_unconditional=True, **fields)  # type: ignore[arg-type]
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else float("-inf")
-
-
 def relevance_scores(result: SelectResult) -> list[float]:
     """Per tool: the mean token log-probability after the question minus the mean with no
-    context (nats per token)."""
+    context (nats per token) -- ``select``'s ``unconditional_likelihood_normalized`` score."""
     cond = result.input_token_logprobs or []
     uncond = result.unconditional_token_logprobs or []
     if len(cond) != len(uncond):
         raise ValueError(f"relevance scoring returned {len(cond)} conditional and {len(uncond)} "
                          "unconditional score lists")
-    return [_mean(c) - _mean(u) for c, u in zip(cond, uncond, strict=True)]
+    decision = unconditional_likelihood_normalized(choices=[""] * len(cond), token_logprobs=cond,
+                                                   unconditional_token_logprobs=uncond)
+    return list(decision.meta_info["normalized_unconditional_prompt_logprobs"])
 
 
 def decide_relevance(spec: ToolCallSpec, scores: Sequence[float]) -> ToolCallSpec:
@@ -98,5 +97,4 @@ def decide_relevance(spec: ToolCallSpec, scores: Sequence[float]) -> ToolCallSpe
     threshold = spec.relevance_threshold
     if threshold is None or best >= threshold:
         return dataclasses.replace(spec, call_threshold=None, relevance=best)
-    grammar = tool_grammar(spec.call_format, [], mode="none", max_calls=1, think=spec.think)
-    return dataclasses.replace(spec, grammar=grammar, mode="none", call_threshold=None, relevance=best)
+    return as_answer(spec, call_threshold=None, relevance=best)
