@@ -20,9 +20,10 @@ the system turn in structgen's documented format -- SmolLM2's template has no to
 ``max_tokens`` inside its call block counts as invalid even when the grammar kept its
 whole calls (a call was lost), and a turn cut inside its first call is an error. With
 ``gen(max_tokens=...)`` the tool grammar bounds the arguments so a call fits the budget,
-and a parallel turn makes at most as many calls as fit it whole (``structgen.tools.budget``:
-planned at one token per character, the worst case, so 192 tokens rarely hold two BFCL
-calls). ``--parallel-max-tokens P`` gives the ``*parallel*`` categories a budget of their own
+and a parallel turn makes at most as many calls as fit it whole: planned at one token per
+character, the worst case (``structgen.tools.budget``), 192 tokens rarely hold two BFCL calls,
+so the turn is staged -- one request per call, each planned on the tokens really left
+(``structgen.tools.staging``). ``--parallel-max-tokens P`` gives the ``*parallel*`` categories a budget of their own
 (default: ``--max-tokens``), the same for every system compared.
 
 The checker is ours, BFCL's AST style (``bench/bfcl_check.py``). ``accuracy`` is the mean

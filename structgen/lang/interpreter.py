@@ -55,6 +55,8 @@ class Pending:
     streamed: int = 0  # characters already emitted through on_delta
     #: deltas are not streamed (the text is emitted whole once it validates: retries)
     hold: bool = False
+    #: what the kind keeps between requests of one node (a staged tool turn's earlier stages)
+    carry: Any = None
 
 
 @dataclass

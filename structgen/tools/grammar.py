@@ -14,6 +14,11 @@ A format with ``opens_in_auto`` (the injected ``structgen`` format) has no lazy 
 under ``auto`` the turn opens the call block at once and the model decides right after
 ``<tool_call>[`` -- ``]</tool_call>`` and then an optional free-text answer (no call), or
 1..k calls and the grammar ends.
+
+A *staged* turn (:mod:`structgen.tools.staging`) is written one call per request: the
+first stage's grammar (``stage="first"``) is the turn's opening (an answer, lead text, the
+block's opener) and one call, ending right after it; each next one's (``stage="next"``)
+is the block's end, or the separator and one more call.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from structgen.tools.budget import bounded_schema
 from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 
-__all__ = ["JSON_STYLE", "lark_literal", "think_prefix", "tool_grammar"]
+__all__ = ["JSON_STYLE", "STAGES", "lark_literal", "think_prefix", "tool_grammar"]
+
+#: a staged turn's grammars: its first request's, and each later one's
+STAGES = ("first", "next")
 
 #: how arguments are written: as ``tojson`` writes them (templates render calls this way)
 JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -64,14 +72,19 @@ def _args_schema(tool: Tool, cap: int | None = None) -> str:
 
 
 def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls: int,
-                 think: tuple[Any, ...] | None = None, caps: Sequence[int] | None = None) -> str:
+                 think: tuple[Any, ...] | None = None, caps: Sequence[int] | None = None,
+                 stage: str | None = None) -> str:
     """The Lark grammar for one turn. ``mode``: ``"auto"`` (answer or calls),
     ``"required"`` (1..max_calls calls) or ``"none"`` (an answer only). ``caps``: per
-    tool, a bound on its arguments' strings and arrays (:mod:`structgen.tools.budget`)."""
+    tool, a bound on its arguments' strings and arrays (:mod:`structgen.tools.budget`).
+    ``stage``: one stage of a staged turn (``"first"``: the turn's opening and a call;
+    ``"next"``: the block's end, or the separator and a call); ``max_calls`` is then 1."""
     if mode not in ("auto", "required", "none"):
         raise ValueError(f"mode must be auto, required or none, not {mode!r}")
     if max_calls < 1:
         raise ValueError("max_calls must be at least 1")
+    if stage is not None and (stage not in STAGES or mode == "none" or max_calls != 1):
+        raise ValueError(f"a stage is {' or '.join(STAGES)}, of one call of an auto or required turn")
     head, rules = think_prefix(think)
     lines = ["%llguidance {}"]
     first_not = fmt.trigger if fmt.trigger == "{" else None
@@ -79,9 +92,10 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
     if mode == "none":
         lines += [f"start: {head}ANSWER", answer_rule, *rules]
         return "\n".join(lines) + "\n"
-    if mode == "auto":
+    if mode == "auto" and stage != "next":
         lines.append(answer_rule)
-    lines += [*_turn_rules(fmt, mode, max_calls, head), *rules]
+    turn = _turn_rules(fmt, mode, max_calls, head) if stage is None else _stage_rules(fmt, mode, head, stage)
+    lines += [*turn, *rules]
     names = []
     for i, t in enumerate(tools):
         rule = f"call_{i}"
@@ -115,3 +129,31 @@ def _turn_rules(fmt: ToolFormat, mode: str, max_calls: int, head: str) -> list[s
     if fmt.text_before and fmt.open and mode == "auto":  # a lazy trigger: free text, then the first call
         return [start, f"calls: lead call {close} {rest}", f"lead[lazy]: /(?s:.*)/ {open_}"]
     return [start, f"calls: {block} {rest}"]
+
+
+def _stage_rules(fmt: ToolFormat, mode: str, head: str, stage: str) -> list[str]:
+    """``start`` and the framing rules of one stage: the first ends right after its call (or
+    is the turn's answer); a next one is the block's end, or the separator and one call."""
+    open_, close = lark_literal(fmt.open) if fmt.open else "", lark_literal(fmt.close) if fmt.close else ""
+    block = "call" if fmt.list_style else " ".join(p for p in (open_, "call", close) if p)
+    closer = lark_literal("]" + fmt.close)
+    if stage == "next":
+        sep = lark_literal(fmt.separator)
+        return [f"start: {closer} | {sep} call"] if fmt.list_style else [f"start: ({sep} {block})?"]
+    if fmt.list_style:
+        opener = lark_literal(fmt.open + "[")
+        if mode == "auto" and fmt.opens_in_auto:  # "[]" then the answer, or a call
+            return [f"start: {head}{opener} (call | {closer} ANSWER?)"]
+        if mode == "required":
+            return [f"start: {head}{opener} call"]
+        if fmt.text_before:
+            return [f"start: {head}(ANSWER | calls)", f"calls: lead (call | {closer})",
+                    f"lead[lazy]: /(?s:.*)/ {opener}"]
+        return [f"start: {head}(ANSWER | calls)", f"calls: {opener} call"]
+    if mode == "required":
+        return [f"start: {head}{block}"]
+    if fmt.text_before and fmt.open:  # a lazy trigger: free text, then the call
+        inner = " ".join(p for p in ("call", close) if p)
+        return [f"start: {head}(ANSWER | calls)", f"calls: lead {inner}",
+                f"lead[lazy]: /(?s:.*)/ {open_}"]
+    return [f"start: {head}(ANSWER | calls)", f"calls: {block}"]

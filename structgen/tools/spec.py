@@ -152,6 +152,11 @@ class ToolCallSpec(GrammarSpec):
     relevance_threshold: float | None = None
     #: the turn's relevance (the best tool's), once the decision is made
     relevance: float | None = field(default=None, compare=False)
+    #: a staged turn's ``max_tokens`` (:mod:`structgen.tools.staging`): its calls are written
+    #: one request each, as many as the tokens left allow; None = one request
+    staged_budget: int | None = None
+    #: the calls a staged turn can always make (the worst-case plan's ``k'``)
+    staged_promise: int = 1
 
     def describe(self) -> str:
         return f"tool calls ({self.mode}, {self.format}, tools {list(self.allowed)}, up to {self.max_calls})"
@@ -183,20 +188,23 @@ register_kind(ConstraintKind(name="tools", spec_type=ToolCallSpec, feature="tool
 def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "auto", parallel: Any = False,
                think: Any = None, max_tokens: int | None = None, bound_calls: bool = True) -> ToolCallSpec:
     """The spec of one turn; with ``max_tokens`` the whole turn fits that budget
-    (:func:`structgen.tools.budget.fit_calls`: bounded arguments, and a parallel turn's
-    ``max_calls`` lowered to the calls that fit -- unless ``bound_calls`` is False: a chat
-    API writes its calls in its own syntax, so only the arguments are bounded there)."""
+    (:func:`structgen.tools.budget.fit_calls`: bounded arguments; a parallel turn asking for
+    more calls than fit at their longest is staged, :mod:`structgen.tools.staging` -- unless
+    ``bound_calls`` is False: a chat API writes its calls in its own syntax, so only the
+    arguments are bounded there)."""
     mode, allowed = normalize_choice(tool_choice, tools)
     k = normalize_parallel(parallel)
     th = normalize_think(think)
     chosen = [t for t in tools if t.name in allowed]
     caps = None
+    staged, promised = False, 1
+    reserved = 0 if th is None or len(th) < 3 else len(th[0]) + len(th[1]) + 1 + int(th[2])
     if max_tokens is not None and mode != "none":
-        reserved = 0 if th is None or len(th) < 3 else len(th[0]) + len(th[1]) + 1 + int(th[2])
         fit_k, fitted = fit_calls(fmt, chosen, max_tokens=max_tokens, max_calls=k, reserved=reserved)
-        k = fit_k if bound_calls else k
+        promised = fit_k
+        staged = bound_calls and fit_k < k  # more calls asked for than fit at their longest
         chosen, caps = [t for t, _ in fitted], [c for _, c in fitted]
-    grammar = tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th, caps=caps)
+    grammar = "" if staged else tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th, caps=caps)
     tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
     threshold = relevance = None
     if mode == "auto" and fmt.opens_in_auto and th is None:  # auto's first decision, scored by the model
@@ -209,9 +217,15 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
         probe_chosen = isinstance(tool_choice, Mapping) and "call_threshold" in tool_choice
         # the default: relevance decides; a call_threshold given alone chooses the probe
         relevance = (None if probe_chosen else DEFAULT_RELEVANCE_THRESHOLD) if r is _UNSET else r
-    return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
+    spec = ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
                         mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
                         call_threshold=threshold, relevance_threshold=relevance)
+    if staged and max_tokens is not None:
+        from structgen.tools.staging import staged_spec
+
+        return staged_spec(spec, [t for t in tools if t.name in allowed], max_tokens=max_tokens, promised=promised,
+                           reserved=reserved)
+    return spec
 
 
 @dataclass(frozen=True)

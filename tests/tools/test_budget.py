@@ -34,6 +34,7 @@ from structgen.tools.budget import (
 )
 from structgen.tools.formats import FORMATS, INJECTED
 from structgen.tools.spec import MAX_PARALLEL, ToolRequest, build_spec
+from structgen.tools.staging import calls_written, closing, next_stage
 
 
 @sg.tool
@@ -150,7 +151,8 @@ def test_k_calls_at_their_longest_fit_the_budget(fmt, parallel, max_tokens):
     k = MAX_PARALLEL if parallel is True else parallel
     spec = build_spec([note, lookup], f, tool_choice="required", parallel=parallel, max_tokens=max_tokens)
     kk, fitted = fit_calls(f, [note, lookup], max_tokens=max_tokens, max_calls=k)
-    assert spec.max_calls == kk and 1 <= kk <= k
+    assert 1 <= kk <= k  # fewer calls than asked for: the turn is staged, each stage planned on what is left
+    assert (spec.max_calls, spec.staged_budget) == ((kk, None) if kk == k else (k, max_tokens))
     room = max_tokens - 1 - block_chars(f)
     for (tool, cap), orig in zip(fitted, (note, lookup), strict=True):
         assert kk * call_chars(f, tool, cap) + block_chars(f) <= max_tokens - 1 or (kk == 1 and cap == MIN_CAP)
@@ -164,13 +166,14 @@ def test_k_calls_at_their_longest_fit_the_budget(fmt, parallel, max_tokens):
         assert max(call_chars(f, t, CALL_FLOOR) for t in lean) * 2 > room
 
 
-def test_a_budget_for_fewer_calls_lowers_the_count_and_none_for_two_leaves_one():
-    assert build_spec([note], INJECTED, tool_choice="required", parallel=True, max_tokens=64).max_calls == 1
+def test_a_budget_for_fewer_calls_stages_the_turn_and_none_for_two_leaves_one():
+    small = build_spec([note], INJECTED, tool_choice="required", parallel=True, max_tokens=64)
+    assert (small.max_calls, small.staged_budget, small.staged_promise) == (MAX_PARALLEL, 64, 1)
     assert build_spec([note], INJECTED, tool_choice="required", parallel=True).max_calls == MAX_PARALLEL
     (_, one), = fit_to_budget(INJECTED, [note], max_tokens=64)
     assert fit_calls(INJECTED, [note], max_tokens=64, max_calls=MAX_PARALLEL) == (1, [(note, one)])
     many = build_spec([note], INJECTED, tool_choice="required", parallel=True, max_tokens=4096)
-    assert many.max_calls == MAX_PARALLEL  # a large budget: k itself
+    assert many.max_calls == MAX_PARALLEL and many.staged_budget is None  # a large budget: k itself, one request
     assert build_spec([note], INJECTED, tool_choice="required", parallel=3, max_tokens=4096).max_calls == 3
 
 
@@ -192,10 +195,10 @@ def test_optional_arguments_go_only_when_two_calls_do_not_fit_with_them():
 @pytest.mark.parametrize("max_tokens", [320, 512])
 def test_the_grammar_takes_k_longest_calls_and_refuses_one_more(compiler, fmt, max_tokens):
     f = FORMATS[fmt]
-    spec = build_spec([note], f, tool_choice="required", parallel=True, max_tokens=max_tokens)
-    (_, cap), = fit_calls(f, [note], max_tokens=max_tokens, max_calls=MAX_PARALLEL)[1]
-    k = spec.max_calls
+    k, ((_, cap),) = fit_calls(f, [note], max_tokens=max_tokens, max_calls=MAX_PARALLEL)
     assert k >= 2
+    spec = build_spec([note], f, tool_choice="required", parallel=k, max_tokens=max_tokens)  # the plan: one request
+    assert spec.staged_budget is None
     text = f.render_calls([("note", longest_note(cap))] * k)
     assert len(text) <= max_tokens - 1  # the plan holds for the grammar's longest turn
     assert accepts(compiler, spec, text)
@@ -233,16 +236,61 @@ def extend_walk(compiler, spec, limit: int) -> tuple[str, int]:
     return m.token_bytes(out).decode(), len(out)
 
 
+def staged_walk(compiler, spec, max_tokens: int) -> tuple[str, int, int]:
+    """Drive a staged turn's stages as the generate kind does (:mod:`structgen.tools.staging`),
+    each with :func:`extend_walk` limited to the tokens left: ``(text, tokens, stages)``."""
+    text, used, calls, stages, stage = "", 0, 0, 0, spec
+    while True:
+        piece, n = extend_walk(compiler, stage, max_tokens - used - 1)  # one token kept for the end
+        text, used, stages = text + piece, used + n, stages + 1
+        done = calls_written(spec, text)
+        if done is None or done <= calls:
+            return text, used, stages
+        calls = done
+        stage = next_stage(spec, remaining=max_tokens - used, calls_done=done)
+        if stage is None:
+            return text + closing(spec), used, stages
+
+
 @pytest.mark.parametrize("fmt, choice", [(f, "required") for f in sorted(FORMATS)] + [("structgen", "auto")])
-def test_an_always_extending_policy_closes_within_max_tokens(compiler, fmt, choice):
-    max_tokens = 320  # two calls of note in every format
-    spec = build_spec([note], FORMATS[fmt], tool_choice=choice, parallel=True, max_tokens=max_tokens)
-    assert spec.max_calls >= 2
-    text, tokens = extend_walk(compiler, spec, max_tokens - 1)
-    assert tokens <= len(text) <= max_tokens - 1  # closed with a token to spare for the end of sequence
+@pytest.mark.parametrize("max_tokens", [320, 512])
+def test_an_always_extending_policy_closes_within_max_tokens(compiler, fmt, choice, max_tokens):
+    f = FORMATS[fmt]
+    k, _ = fit_calls(f, [note], max_tokens=max_tokens, max_calls=MAX_PARALLEL)
+    spec = build_spec([note], f, tool_choice=choice, parallel=True, max_tokens=max_tokens)
+    assert 2 <= k < MAX_PARALLEL and (spec.staged_budget, spec.staged_promise) == (max_tokens, k)
+    text, tokens, stages = staged_walk(compiler, spec, max_tokens)
+    assert tokens <= len(text) and tokens <= max_tokens - 1  # closed with a token to spare for the end of sequence
     turn = spec.validate_output(text)
-    assert len(turn.calls) == spec.max_calls and not turn.truncated  # it did make every call it could
+    assert not turn.truncated and len(turn.calls) >= k  # every call the plan holds, however long each one is
+    assert stages == len(turn.calls) + (closing(spec) not in text[-len(closing(spec)) or len(text):])
     assert all(len(c.raw_arguments["text"]) >= CALL_FLOOR for c in turn.calls)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_staged_turn_makes_more_short_calls_than_the_plan_holds(compiler, fmt):
+    """An always-extending policy with short strings: each stage is planned on what is left,
+    so the turn makes more calls than the worst-case plan, and still closes in time."""
+    f, max_tokens = FORMATS[fmt], 192
+    spec = build_spec([lookup], f, tool_choice="required", parallel=True, max_tokens=max_tokens)
+    assert spec.staged_budget == max_tokens  # fewer calls than asked for fit at their longest
+    text, used, stages, calls = "", 0, 0, 0
+    stage = spec
+    while stage is not None:  # each stage: one short call ("Oslo", no optional argument), then more
+        m = compiler.compile(stage).matcher()
+        call = f.call_json("lookup", {"city": "Oslo"})
+        piece = (f.open + "[" + call if f.list_style else f.open + call + f.close) if stages == 0 else (
+            f.separator + call if f.list_style else f.separator + f.open + call + f.close)
+        ids = m.tokenize_bytes(piece.encode())
+        assert m.validate_tokens(ids) == len(ids), piece  # the stage's grammar takes one more call
+        text, used, stages = text + piece, used + len(ids), stages + 1
+        calls = calls_written(spec, text)
+        stage = next_stage(spec, remaining=max_tokens - used, calls_done=calls)
+    text += closing(spec)
+    turn = spec.validate_output(text)
+    assert len(turn.calls) == calls > spec.staged_promise and calls >= 3 and used <= max_tokens - 1
+    # and no more than fit: the last stage could not offer another
+    assert next_stage(spec, remaining=max_tokens - used, calls_done=calls) is None
 
 
 def test_without_the_plan_the_same_policy_runs_away(compiler):
@@ -264,8 +312,8 @@ def probed(s):
 
 def test_a_probed_turn_builds_its_spec_once(monkeypatch):
     builds = []
-    real = spec_module.tool_grammar
-    monkeypatch.setattr(spec_module, "tool_grammar", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    real = spec_module.fit_calls
+    monkeypatch.setattr(spec_module, "fit_calls", lambda *a, **kw: builds.append(1) or real(*a, **kw))
     spec_module._resolved.cache_clear()
     caps = Capabilities(regex=True, json_schema=True, grammar=True, tools=True, prefix_cache=True,
                         sampling=frozenset({"max_new_tokens", "temperature", "top_logprobs_num", "return_logprob",
@@ -287,7 +335,8 @@ def test_memoized_specs_keep_the_count_apart_and_chat_apis_keep_k():
     assert many == one  # True == 1 as a field value: the cache key must tell them apart
     template = ChatTemplate(json.dumps, name="plain")  # no tools: the injected format
     assert many.resolve(template, 4096).max_calls == MAX_PARALLEL and one.resolve(template, 4096).max_calls == 1
-    assert many.resolve(template, 64).max_calls == 1  # the budget holds one call in this format
+    assert many.resolve(template, 64).staged_promise == 1  # the budget holds one call at its longest: staged
+    assert many.resolve(template, 64).staged_budget == 64
     assert many.resolve(None, 4096).max_calls == MAX_PARALLEL and one.resolve(None, 4096).max_calls == 1
     assert many.resolve(None, 64).max_calls == MAX_PARALLEL  # a chat API writes calls its own way: k kept
     assert many.resolve(None, 64) is many.resolve(None, 64)  # built once

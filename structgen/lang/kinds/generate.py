@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from structgen.contract.backend import Backend, GenerateRequest, GenerateResult, SelectRequest, TextCallback
+from structgen.contract.backend import (
+    Backend,
+    GenerateRequest,
+    GenerateResult,
+    Message,
+    SelectRequest,
+    TextCallback,
+)
 from structgen.errors import BackendError, OutputValidationError, StructgenError, map_error
 from structgen.lang.ir import Gen
 from structgen.lang.kinds import RequestKind, register
@@ -67,6 +74,22 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
         interp.resend(replace(pending, request=request, hold=node.retries > 0))
         return
     meta = dict(result.meta)
+    if getattr(constraint, "staged_budget", None) is not None:  # a tool turn written call by call
+        from structgen.tools.staging import Carry, calls_written, next_stage
+
+        carry = (pending.carry or Carry(first=pending.request)).add(text, meta)
+        done = calls_written(constraint, carry.text) if result.finish_reason == "stop" else None
+        if done is not None and done > carry.calls:  # this stage wrote a call: the block's end or one more
+            left = constraint.staged_budget - carry.tokens
+            stage = next_stage(constraint, remaining=left, calls_done=done)
+            if stage is not None:
+                req: GenerateRequest = pending.request
+                request = replace(req, prompt=req.prompt + text, params=replace(req.params, max_new_tokens=left),
+                                  constraint=stage, messages=_continued(req.messages, text))
+                interp.resend(replace(pending, request=request, carry=replace(carry, calls=done)))
+                return
+            carry = carry.closed(constraint)  # no further call fits: the block ends here
+        text, meta = carry.text, carry.meta(meta)
     meta.setdefault("finish_reason", result.finish_reason)
     if constraint is None:  # free text (the common case: nothing to check)
         value: Any = text
@@ -86,6 +109,13 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
     if pending.attempt:
         meta["attempts"] = pending.attempt + 1
     interp.record(pending.name, text, value, meta, streamed=pending.streamed)
+
+
+def _continued(messages: tuple[Message, ...], text: str) -> tuple[Message, ...]:
+    """``messages`` with ``text`` added to the open assistant turn (the last message)."""
+    if messages and messages[-1].role == "assistant":
+        return (*messages[:-1], replace(messages[-1], content=messages[-1].content + text))
+    return messages
 
 
 def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> None:
@@ -115,11 +145,11 @@ def _on_error(interp: Interpreter, pending: Pending, error: BaseException) -> bo
 
 def _retry(interp: Interpreter, pending: Pending) -> None:
     """Re-sample after a failed validation (greedy would repeat itself)."""
-    req: GenerateRequest = pending.request
+    req: GenerateRequest = pending.request if pending.carry is None else pending.carry.first  # a staged turn
     attempt = pending.attempt + 1
     params = replace(req.params, temperature=max(req.params.temperature, 0.7),
                      seed=(req.params.seed or 0) + attempt)
-    interp.resend(replace(pending, request=replace(req, params=params), attempt=attempt, streamed=0))
+    interp.resend(replace(pending, request=replace(req, params=params), attempt=attempt, streamed=0, carry=None))
 
 
 def typed_value(node: Gen, text: str, *, truncated: bool, constraint: Any = None) -> Any:

@@ -1,0 +1,142 @@
+"""A parallel turn written call by call: as many calls as the tokens actually left allow.
+
+:func:`structgen.tools.budget.fit_calls` plans a parallel turn for its worst case -- every
+call at its longest, one token per character -- so a small ``max_tokens`` holds fewer calls
+than the model would really write (192 tokens rarely hold two BFCL calls planned that way,
+though such calls take 20-40 tokens). A turn that asks for more calls than that plan holds
+(``k > k'``), on a backend that continues a text prompt, is *staged* instead
+(:func:`staged_spec`): its first request writes the turn's opening and one call (or the
+answer), bounded to the whole budget as a single call is (less the room the worst-case
+plan's other calls take at :data:`CALL_FLOOR`, when it holds ``k' > 1``: those are still
+always possible), and ends right after the call;
+each next request (:func:`next_stage`, sent by :mod:`structgen.lang.kinds.generate`)
+continues the same text with the tokens really left and lets the model choose: the
+block's end, or the separator and one more call, bounded to what is left. The choice of
+another call is offered only while one more call fits at :data:`CALL_FLOOR` (its optional
+arguments left out) and ``k`` calls are not written; else the block's end is added without
+a request (it is fixed text). Every call is planned as the single call of the tokens left,
+so the turn closes within ``max_tokens`` whatever the model writes. The joined text is
+validated as one turn; its meta sums the stages' tokens (``completion_tokens``) and counts
+the requests (``tool_stages``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from structgen.tools.budget import CALL_FLOOR, _optional, _without_optional, block_chars, call_chars, fit_to_budget
+from structgen.tools.definition import Tool
+from structgen.tools.formats import ToolFormat
+from structgen.tools.grammar import tool_grammar
+
+if TYPE_CHECKING:
+    from structgen.tools.spec import ToolCallSpec
+
+__all__ = ["Carry", "calls_written", "closing", "next_stage", "stage_tokens", "staged_spec"]
+
+
+def _lean_floor(fmt: ToolFormat, tools: Sequence[Tool]) -> float:
+    """The longest call of any of ``tools`` with its optional arguments left out, at the floor."""
+    return max(call_chars(fmt, _without_optional(t, len(_optional(t))), CALL_FLOOR) for t in tools)
+
+
+def _reserve(fmt: ToolFormat, tools: Sequence[Tool], calls: int) -> int:
+    """The characters that ``calls`` more calls take at the floor, with their separators."""
+    return 0 if calls <= 0 or not tools else int(calls * (len(fmt.separator) + _lean_floor(fmt, tools)) + 0.999999)
+
+
+def staged_spec(spec: ToolCallSpec, tools: Sequence[Tool], *, max_tokens: int, promised: int = 1,
+                reserved: int = 0) -> ToolCallSpec:
+    """``spec`` (its ``max_calls`` the calls asked for) staged within ``max_tokens``: its
+    grammar is the first stage's. ``tools``: the allowed ones; ``promised``: the calls the
+    worst-case plan holds (each stage's call leaves room for the rest of them at the
+    floor); ``reserved``: a thinking section's bound."""
+    fitted = fit_to_budget(spec.call_format, tools, max_tokens=max_tokens,
+                           reserved=reserved + _reserve(spec.call_format, tools, promised - 1))
+    grammar = tool_grammar(spec.call_format, [t for t, _ in fitted], mode=spec.mode, max_calls=1, think=spec.think,
+                           caps=[c for _, c in fitted], stage="first")
+    return dataclasses.replace(spec, grammar=grammar, staged_budget=max_tokens, staged_promise=promised)
+
+
+def closing(spec: ToolCallSpec) -> str:
+    """The fixed text that ends a staged turn's call block (none where each call is wrapped)."""
+    fmt = spec.call_format
+    return "]" + fmt.close if fmt.list_style else ""
+
+
+def calls_written(spec: ToolCallSpec, text: str) -> int | None:
+    """The calls in ``text``, a staged turn so far, when the turn may go on after them
+    (the block is open after a whole call); None when the turn is over (an answer, the
+    block closed) -- or cut, which the turn's validation reports."""
+    if spec.staged_budget is None or spec.mode == "none":
+        return None
+    end = closing(spec)
+    if end and text.endswith(end):
+        return None
+    try:
+        turn = spec.validate_output(text + end)
+    except Exception:  # cut inside a call, or an answer
+        return None
+    return len(turn.calls) or None
+
+
+def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int) -> ToolCallSpec | None:
+    """The spec of the stage after ``calls_done`` calls with ``remaining`` tokens left: the
+    block's end or one more call; None when no further call may be made (``k`` written, or
+    one more does not fit): the block's end, :func:`closing`, is then added as it is."""
+    fmt, tools = spec.call_format, spec.allowed_tools
+    if calls_done >= spec.max_calls or not tools:
+        return None
+    sep = len(fmt.separator)
+    if remaining - 1 - block_chars(fmt) - sep < _lean_floor(fmt, tools):
+        return None
+    fitted = fit_to_budget(fmt, tools, max_tokens=remaining,
+                           reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1))
+    grammar = tool_grammar(fmt, [t for t, _ in fitted], mode=spec.mode, max_calls=1, caps=[c for _, c in fitted],
+                           stage="next")
+    return dataclasses.replace(spec, grammar=grammar)
+
+
+def stage_tokens(text: str, meta: dict[str, Any]) -> int:
+    """The tokens a stage generated: the backend's count, else at most one per byte."""
+    n = meta.get("completion_tokens")
+    return int(n) if isinstance(n, int) and n >= 0 else len(text.encode("utf-8"))
+
+
+#: meta lists of per-token values, joined across stages
+_PER_TOKEN = ("output_token_logprobs", "output_token_constrained_logprobs", "output_top_logprobs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """What a staged turn's earlier stages wrote: the text, the tokens, their meta."""
+
+    first: Any  # the first stage's request (a retry starts over from it)
+    text: str = ""
+    tokens: int = 0
+    stages: int = 0
+    calls: int = 0
+    per_token: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def add(self, text: str, meta: dict[str, Any]) -> Carry:
+        joined = dict(self.per_token)
+        for key in _PER_TOKEN:
+            if isinstance(meta.get(key), list):
+                joined[key] = joined.get(key, ()) + tuple(meta[key])
+        return dataclasses.replace(self, text=self.text + text, tokens=self.tokens + stage_tokens(text, meta),
+                                   stages=self.stages + 1, per_token=tuple(joined.items()))
+
+    def closed(self, spec: ToolCallSpec) -> Carry:
+        """The turn with its block's end added (fixed text: no tokens)."""
+        return dataclasses.replace(self, text=self.text + closing(spec))
+
+    def meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The last stage's ``meta`` for the whole turn."""
+        out = dict(meta)
+        out["completion_tokens"] = self.tokens
+        out["tool_stages"] = self.stages
+        for key, values in self.per_token:
+            out[key] = list(values)
+        return out
