@@ -16,7 +16,9 @@ another call is offered only while one more call fits at :data:`CALL_FLOOR` (its
 arguments left out) and ``k`` calls are not written; else the block's end is added without
 a request (it is fixed text). Every call is planned as the single call of the tokens left,
 so the turn closes within ``max_tokens`` whatever the model writes. The joined text is
-validated as one turn; its meta sums the stages' tokens (``completion_tokens``) and counts
+validated as one turn; its meta sums the stages' tokens (``completion_tokens``, and the
+backend's ``cached_tokens`` / ``computed_tokens`` / ``forced_tokens``: each stage reads the
+turn so far again, from the cache), keeps the first stage's ``prompt_tokens`` and counts
 the requests (``tool_stages``).
 """
 
@@ -107,6 +109,8 @@ def stage_tokens(text: str, meta: dict[str, Any]) -> int:
 
 #: meta lists of per-token values, joined across stages
 _PER_TOKEN = ("output_token_logprobs", "output_token_constrained_logprobs", "output_top_logprobs")
+#: meta counts summed across stages (every stage's prompt is read again: from the cache)
+_SUMMED = ("cached_tokens", "computed_tokens", "forced_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +123,22 @@ class Carry:
     stages: int = 0
     calls: int = 0
     per_token: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    counts: tuple[tuple[str, int], ...] = ()
+    prompt_tokens: int | None = None
 
     def add(self, text: str, meta: dict[str, Any]) -> Carry:
         joined = dict(self.per_token)
         for key in _PER_TOKEN:
             if isinstance(meta.get(key), list):
                 joined[key] = joined.get(key, ()) + tuple(meta[key])
+        counts = dict(self.counts)
+        for key in _SUMMED:
+            if isinstance(meta.get(key), int):
+                counts[key] = counts.get(key, 0) + meta[key]
+        first = meta.get("prompt_tokens") if self.stages == 0 else self.prompt_tokens
         return dataclasses.replace(self, text=self.text + text, tokens=self.tokens + stage_tokens(text, meta),
-                                   stages=self.stages + 1, per_token=tuple(joined.items()))
+                                   stages=self.stages + 1, per_token=tuple(joined.items()),
+                                   counts=tuple(counts.items()), prompt_tokens=first)
 
     def closed(self, spec: ToolCallSpec) -> Carry:
         """The turn with its block's end added (fixed text: no tokens)."""
@@ -139,4 +151,7 @@ class Carry:
         out["tool_stages"] = self.stages
         for key, values in self.per_token:
             out[key] = list(values)
+        out.update(self.counts)
+        if self.prompt_tokens is not None:  # the turn's prompt: the first stage's
+            out["prompt_tokens"] = self.prompt_tokens
         return out

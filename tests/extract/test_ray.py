@@ -66,3 +66,20 @@ def test_ray_job_matches_local_and_resumes(tmp_path: Path, local_ray: Any, embed
     rerun = _records(tmp_path / "ray.jsonl")
     assert [r["id"] for r in rerun] == [r["id"] for r in distributed]
     assert rerun[:1] + rerun[2:] == distributed[:1] + distributed[2:]
+
+
+def test_the_local_cluster_runs_its_workers_at_the_callers_priority(local_ray: Any) -> None:
+    """Ray's default starts workers at nice 15, below its own processes: the engine actor
+    would lose the CPU to them. start_local_ray runs workers at the caller's priority
+    (a caller's own RAY_worker_niceness would win)."""
+    import os
+
+    from structgen.extract.ray_job import RAY_ENV
+
+    @local_ray.remote(num_cpus=1)
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    key = "RAY_worker_niceness"  # Ray reads its settings with their own case
+    assert os.environ[key] == RAY_ENV[key] == "0"  # set by start_local_ray
+    assert local_ray.get(niceness.remote()) == os.getpriority(os.PRIO_PROCESS, 0)

@@ -151,5 +151,6 @@ def test_a_staged_turn_on_the_real_model_closes_in_time(embedded_backend, max_to
         assert len(calls) >= 1 and turn.endswith("]</tool_call>")
         assert meta["completion_tokens"] <= max_tokens and meta["tool_stages"] >= len(calls)
         assert meta["tool_stages"] <= len(calls) + 1
-        if meta["tool_stages"] > 1:  # the last stage's prompt (the turn so far) came from the cache
-            assert meta["cached_tokens"] >= meta["prompt_tokens"] - 4
+        # each later stage's prompt (the turn so far, longer than the first's) came from the cache
+        # but for the few tokens where the stages meet
+        assert meta["cached_tokens"] >= (meta["tool_stages"] - 1) * (meta["prompt_tokens"] - 4)
