@@ -48,7 +48,7 @@ from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 
 __all__ = ["CALL_FLOOR", "MIN_CAP", "NUMBER_CHARS", "block_chars", "bounded_schema", "call_chars", "fit_calls",
-           "fit_to_budget"]
+           "fit_to_budget", "longest_call"]
 
 #: the smallest bound given: a budget too small for it is served best effort
 MIN_CAP = 8
@@ -74,6 +74,12 @@ def block_chars(fmt: ToolFormat) -> int:
     """The characters of ``fmt``'s call block around all the calls (``open[`` and ``]close``
     for a list-style format; nothing where each call carries its own tags)."""
     return len(fmt.open) + len(fmt.close) + 2 if fmt.list_style else 0
+
+
+def longest_call(fmt: ToolFormat, tools: Sequence[Tool], cap: int, *, lean: bool = False) -> float:
+    """The longest call any of ``tools`` can take in ``fmt`` with bounds ``cap`` (``lean``:
+    with its optional arguments left out)."""
+    return max(call_chars(fmt, _without_optional(t, len(_optional(t))) if lean else t, cap) for t in tools)
 
 
 def _optional(tool: Tool) -> list[str]:
@@ -122,8 +128,7 @@ def fit_calls(fmt: ToolFormat, tools: Sequence[Tool], *, max_tokens: int, max_ca
     room = max_tokens - 1 - reserved - block_chars(fmt)
     if max_calls > 1 and tools and room > 0:
         for lean in (False, True):  # every argument kept, else optional ones left out
-            need = max(call_chars(fmt, _without_optional(t, len(_optional(t))) if lean else t, CALL_FLOOR)
-                       for t in tools)  # the longest of the tools' calls at the floor
+            need = longest_call(fmt, tools, CALL_FLOOR, lean=lean)  # the longest of the tools' calls at the floor
             k = min(max_calls, int(room // need)) if 0 < need < math.inf else 1
             if k >= 2:
                 return k, fit_to_budget(fmt, tools, max_tokens=max_tokens, reserved=reserved, calls=k,

@@ -94,7 +94,8 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
         return "\n".join(lines) + "\n"
     if mode == "auto" and stage != "next":
         lines.append(answer_rule)
-    turn = _turn_rules(fmt, mode, max_calls, head) if stage is None else _stage_rules(fmt, mode, head, stage)
+    # a staged turn's first stage is the turn of one call, its block left open after it
+    turn = _next_rules(fmt) if stage == "next" else _turn_rules(fmt, mode, max_calls, head, closed=stage is None)
     lines += [*turn, *rules]
     names = []
     for i, t in enumerate(tools):
@@ -107,23 +108,25 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
     return "\n".join(lines) + "\n"
 
 
-def _turn_rules(fmt: ToolFormat, mode: str, max_calls: int, head: str) -> list[str]:
-    """``start`` and the rules that frame the calls (``call`` itself comes after)."""
+def _turn_rules(fmt: ToolFormat, mode: str, max_calls: int, head: str, closed: bool = True) -> list[str]:
+    """``start`` and the rules that frame the calls (``call`` itself comes after). ``closed``
+    False: a list-style block is left open after its calls (a staged turn's first stage)."""
     more = f"{{0,{max_calls - 1}}}" if max_calls > 1 else ""
     sep = lark_literal(fmt.separator)
     if fmt.list_style:
         opener, closer = lark_literal(fmt.open + "["), lark_literal("]" + fmt.close)
         rest = f"({sep} call){more}" if more else ""
+        end = closer if closed else ""
         if mode == "auto" and fmt.opens_in_auto:  # the decision point: "[]" then the answer, or calls
-            return [f"start: {head}{opener} (call {rest} {closer} | {closer} ANSWER?)"]
+            return [f"start: {head}{opener} (call {rest} {end} | {closer} ANSWER?)"]
         if mode == "required":
-            return [f"start: {head}calls", f"calls: {opener} call {rest} {closer}"]
+            return [f"start: {head}calls", f"calls: {opener} call {rest} {end}"]
         if fmt.text_before:  # "[]": no call
-            return [f"start: {head}(ANSWER | calls)", f"calls: lead (call {rest})? {closer}",
+            return [f"start: {head}(ANSWER | calls)", f"calls: lead (call {rest} {end} | {closer})",
                     f"lead[lazy]: /(?s:.*)/ {opener}"]
-        return [f"start: {head}(ANSWER | calls)", f"calls: {opener} call {rest} {closer}"]
+        return [f"start: {head}(ANSWER | calls)", f"calls: {opener} call {rest} {end}"]
     open_, close = lark_literal(fmt.open) if fmt.open else "", lark_literal(fmt.close) if fmt.close else ""
-    block = " ".join(p for p in (open_, "call", close) if p)
+    block = _wrapped(fmt)
     rest = f"({sep} {block}){more}" if more else ""
     start = f"start: {head}calls" if mode == "required" else f"start: {head}(ANSWER | calls)"
     if fmt.text_before and fmt.open and mode == "auto":  # a lazy trigger: free text, then the first call
@@ -131,29 +134,15 @@ def _turn_rules(fmt: ToolFormat, mode: str, max_calls: int, head: str) -> list[s
     return [start, f"calls: {block} {rest}"]
 
 
-def _stage_rules(fmt: ToolFormat, mode: str, head: str, stage: str) -> list[str]:
-    """``start`` and the framing rules of one stage: the first ends right after its call (or
-    is the turn's answer); a next one is the block's end, or the separator and one call."""
-    open_, close = lark_literal(fmt.open) if fmt.open else "", lark_literal(fmt.close) if fmt.close else ""
-    block = "call" if fmt.list_style else " ".join(p for p in (open_, "call", close) if p)
-    closer = lark_literal("]" + fmt.close)
-    if stage == "next":
-        sep = lark_literal(fmt.separator)
-        return [f"start: {closer} | {sep} call"] if fmt.list_style else [f"start: ({sep} {block})?"]
+def _next_rules(fmt: ToolFormat) -> list[str]:
+    """A staged turn's next stage: the block's end, or the separator and one more call."""
+    sep = lark_literal(fmt.separator)
     if fmt.list_style:
-        opener = lark_literal(fmt.open + "[")
-        if mode == "auto" and fmt.opens_in_auto:  # "[]" then the answer, or a call
-            return [f"start: {head}{opener} (call | {closer} ANSWER?)"]
-        if mode == "required":
-            return [f"start: {head}{opener} call"]
-        if fmt.text_before:
-            return [f"start: {head}(ANSWER | calls)", f"calls: lead (call | {closer})",
-                    f"lead[lazy]: /(?s:.*)/ {opener}"]
-        return [f"start: {head}(ANSWER | calls)", f"calls: {opener} call"]
-    if mode == "required":
-        return [f"start: {head}{block}"]
-    if fmt.text_before and fmt.open:  # a lazy trigger: free text, then the call
-        inner = " ".join(p for p in ("call", close) if p)
-        return [f"start: {head}(ANSWER | calls)", f"calls: lead {inner}",
-                f"lead[lazy]: /(?s:.*)/ {open_}"]
-    return [f"start: {head}(ANSWER | calls)", f"calls: {block}"]
+        return [f"start: {lark_literal(']' + fmt.close)} | {sep} call"]
+    return [f"start: ({sep} {_wrapped(fmt)})?"]
+
+
+def _wrapped(fmt: ToolFormat) -> str:
+    """One call with its own tags (a format that wraps each call)."""
+    return " ".join(p for p in (lark_literal(fmt.open) if fmt.open else "", "call",
+                                lark_literal(fmt.close) if fmt.close else "") if p)

@@ -39,6 +39,7 @@ from structgen.tools.calls import ToolTurn, parse_turn
 from structgen.tools.definition import Tool, as_tools
 from structgen.tools.formats import FORMATS, INJECTED, ToolFormat, tools_template
 from structgen.tools.grammar import tool_grammar
+from structgen.tools.staging import first_stage
 
 __all__ = ["MAX_PARALLEL", "ToolCallSpec", "ToolRequest", "normalize_choice", "normalize_think"]
 
@@ -196,15 +197,19 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
     k = normalize_parallel(parallel)
     th = normalize_think(think)
     chosen = [t for t in tools if t.name in allowed]
-    caps = None
+    fitted, caps = chosen, None
     staged, promised = False, 1
     reserved = 0 if th is None or len(th) < 3 else len(th[0]) + len(th[1]) + 1 + int(th[2])
     if max_tokens is not None and mode != "none":
-        fit_k, fitted = fit_calls(fmt, chosen, max_tokens=max_tokens, max_calls=k, reserved=reserved)
-        promised = fit_k
+        fit_k, bounded = fit_calls(fmt, chosen, max_tokens=max_tokens, max_calls=k, reserved=reserved)
         staged = bound_calls and fit_k < k  # more calls asked for than fit at their longest
-        chosen, caps = [t for t, _ in fitted], [c for _, c in fitted]
-    grammar = "" if staged else tool_grammar(fmt, chosen, mode=mode, max_calls=k, think=th, caps=caps)
+        promised = fit_k if staged else 1
+        fitted, caps = [t for t, _ in bounded], [c for _, c in bounded]
+    if staged and max_tokens is not None:  # one request per call (structgen.tools.staging)
+        grammar = first_stage(fmt, chosen, mode=mode, max_tokens=max_tokens, promised=promised, reserved=reserved,
+                              think=th)
+    else:
+        grammar = tool_grammar(fmt, fitted, mode=mode, max_calls=k, think=th, caps=caps)
     tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
     threshold = relevance = None
     if mode == "auto" and fmt.opens_in_auto and th is None:  # auto's first decision, scored by the model
@@ -217,15 +222,10 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
         probe_chosen = isinstance(tool_choice, Mapping) and "call_threshold" in tool_choice
         # the default: relevance decides; a call_threshold given alone chooses the probe
         relevance = (None if probe_chosen else DEFAULT_RELEVANCE_THRESHOLD) if r is _UNSET else r
-    spec = ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
+    return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
                         mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
-                        call_threshold=threshold, relevance_threshold=relevance)
-    if staged and max_tokens is not None:
-        from structgen.tools.staging import staged_spec
-
-        return staged_spec(spec, [t for t in tools if t.name in allowed], max_tokens=max_tokens, promised=promised,
-                           reserved=reserved)
-    return spec
+                        call_threshold=threshold, relevance_threshold=relevance,
+                        staged_budget=max_tokens if staged else None, staged_promise=promised)
 
 
 @dataclass(frozen=True)

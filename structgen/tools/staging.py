@@ -5,7 +5,7 @@ call at its longest, one token per character -- so a small ``max_tokens`` holds 
 than the model would really write (192 tokens rarely hold two BFCL calls planned that way,
 though such calls take 20-40 tokens). A turn that asks for more calls than that plan holds
 (``k > k'``), on a backend that continues a text prompt, is *staged* instead
-(:func:`staged_spec`): its first request writes the turn's opening and one call (or the
+(:func:`first_stage`): its first request writes the turn's opening and one call (or the
 answer), bounded to the whole budget as a single call is (less the room the worst-case
 plan's other calls take at :data:`CALL_FLOOR`, when it holds ``k' > 1``: those are still
 always possible), and ends right after the call;
@@ -25,10 +25,11 @@ the requests (``tool_stages``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from structgen.tools.budget import CALL_FLOOR, _optional, _without_optional, block_chars, call_chars, fit_to_budget
+from structgen.tools.budget import CALL_FLOOR, block_chars, fit_to_budget, longest_call
 from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 from structgen.tools.grammar import tool_grammar
@@ -36,30 +37,31 @@ from structgen.tools.grammar import tool_grammar
 if TYPE_CHECKING:
     from structgen.tools.spec import ToolCallSpec
 
-__all__ = ["Carry", "calls_written", "closing", "next_stage", "stage_tokens", "staged_spec"]
-
-
-def _lean_floor(fmt: ToolFormat, tools: Sequence[Tool]) -> float:
-    """The longest call of any of ``tools`` with its optional arguments left out, at the floor."""
-    return max(call_chars(fmt, _without_optional(t, len(_optional(t))), CALL_FLOOR) for t in tools)
+__all__ = ["Carry", "calls_written", "closing", "first_stage", "next_stage", "stage_tokens"]
 
 
 def _reserve(fmt: ToolFormat, tools: Sequence[Tool], calls: int) -> int:
     """The characters that ``calls`` more calls take at the floor, with their separators."""
-    return 0 if calls <= 0 or not tools else int(calls * (len(fmt.separator) + _lean_floor(fmt, tools)) + 0.999999)
+    if calls <= 0 or not tools:
+        return 0
+    return math.ceil(calls * (len(fmt.separator) + longest_call(fmt, tools, CALL_FLOOR, lean=True)))
 
 
-def staged_spec(spec: ToolCallSpec, tools: Sequence[Tool], *, max_tokens: int, promised: int = 1,
-                reserved: int = 0) -> ToolCallSpec:
-    """``spec`` (its ``max_calls`` the calls asked for) staged within ``max_tokens``: its
-    grammar is the first stage's. ``tools``: the allowed ones; ``promised``: the calls the
-    worst-case plan holds (each stage's call leaves room for the rest of them at the
-    floor); ``reserved``: a thinking section's bound."""
-    fitted = fit_to_budget(spec.call_format, tools, max_tokens=max_tokens,
-                           reserved=reserved + _reserve(spec.call_format, tools, promised - 1))
-    grammar = tool_grammar(spec.call_format, [t for t, _ in fitted], mode=spec.mode, max_calls=1, think=spec.think,
-                           caps=[c for _, c in fitted], stage="first")
-    return dataclasses.replace(spec, grammar=grammar, staged_budget=max_tokens, staged_promise=promised)
+def _stage_grammar(fmt: ToolFormat, tools: Sequence[Tool], mode: str, *, max_tokens: int, reserved: int,
+                   stage: str, think: tuple[Any, ...] | None = None) -> str:
+    """One stage's grammar: its call bounded to ``max_tokens`` less ``reserved`` characters."""
+    fitted = fit_to_budget(fmt, tools, max_tokens=max_tokens, reserved=reserved)
+    return tool_grammar(fmt, [t for t, _ in fitted], mode=mode, max_calls=1, think=think,
+                        caps=[c for _, c in fitted], stage=stage)
+
+
+def first_stage(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_tokens: int, promised: int = 1,
+                reserved: int = 0, think: tuple[Any, ...] | None = None) -> str:
+    """The grammar of a staged turn's first stage within ``max_tokens``. ``tools``: the
+    allowed ones; ``promised``: the calls the worst-case plan holds (each stage's call
+    leaves room for the rest of them at the floor); ``reserved``: a thinking section's bound."""
+    return _stage_grammar(fmt, tools, mode, max_tokens=max_tokens, stage="first", think=think,
+                          reserved=reserved + _reserve(fmt, tools, promised - 1))
 
 
 def closing(spec: ToolCallSpec) -> str:
@@ -92,12 +94,10 @@ def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int) -> ToolCa
     if calls_done >= spec.max_calls or not tools:
         return None
     sep = len(fmt.separator)
-    if remaining - 1 - block_chars(fmt) - sep < _lean_floor(fmt, tools):
+    if remaining - 1 - block_chars(fmt) - sep < longest_call(fmt, tools, CALL_FLOOR, lean=True):
         return None
-    fitted = fit_to_budget(fmt, tools, max_tokens=remaining,
-                           reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1))
-    grammar = tool_grammar(fmt, [t for t, _ in fitted], mode=spec.mode, max_calls=1, caps=[c for _, c in fitted],
-                           stage="next")
+    grammar = _stage_grammar(fmt, tools, spec.mode, max_tokens=remaining, stage="next",
+                             reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1))
     return dataclasses.replace(spec, grammar=grammar)
 
 

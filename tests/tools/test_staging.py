@@ -18,9 +18,8 @@ import structgen as sg
 from structgen.backends.fake import FakeBackend
 from structgen.constraints.compiler import compiler_for
 from structgen.contract.backend import GenerateResult
-from structgen.tools.budget import block_chars
+from structgen.tools.budget import CALL_FLOOR, block_chars, longest_call
 from structgen.tools.formats import INJECTED
-from structgen.tools.staging import _lean_floor
 
 
 @sg.tool
@@ -84,7 +83,8 @@ def test_stages_continue_one_text_with_the_tokens_left(compiler, tokenizer):
 def test_the_block_ends_without_a_request_once_no_call_fits(compiler, tokenizer):
     t1, t2 = (len(tokenizer.encode(p, add_special_tokens=False)) for p in PIECES[:2])
     # a third call needs room for `, ` and the call at the floor, and the block's end
-    need = 1 + block_chars(INJECTED) + len(INJECTED.separator) + math.ceil(_lean_floor(INJECTED, [note]))
+    floor = longest_call(INJECTED, [note], CALL_FLOOR, lean=True)
+    need = 1 + block_chars(INJECTED) + len(INJECTED.separator) + math.ceil(floor)
     budget = t1 + t2 + need - 1  # room for a second call after the first, not for a third
     fb = FakeBackend(responder=scripted(compiler, PIECES[:2]))
     st = notes.run(max_tokens=budget, backend=fb)

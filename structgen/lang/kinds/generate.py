@@ -19,6 +19,7 @@ from structgen.contract.backend import (
     GenerateRequest,
     GenerateResult,
     Message,
+    SamplingParams,
     SelectRequest,
     TextCallback,
 )
@@ -29,7 +30,7 @@ from structgen.lang.kinds import RequestKind, register
 if TYPE_CHECKING:
     from structgen.lang.interpreter import Interpreter, Pending
 
-__all__ = ["GENERATE", "convert_dtype", "typed_value"]
+__all__ = ["GENERATE", "convert_dtype", "generate_request", "typed_value"]
 
 
 def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest | SelectRequest:
@@ -49,13 +50,15 @@ def _start(interp: Interpreter, node: Gen, name: str) -> GenerateRequest | Selec
             from structgen.tools.decision import probe_params
 
             # auto's first decision, scored by the model: one token's top log-probabilities
-            return GenerateRequest(prompt=interp.text, params=probe_params(params), constraint=None,
-                                   messages=interp.request_messages(), program=interp.program, variable=name,
-                                   group=interp.group, cancel=interp.cancel)
-    return GenerateRequest(prompt=interp.text, params=params,
-                           constraint=constraint, messages=interp.request_messages(),
-                           program=interp.program, variable=name, group=interp.group,
-                           cancel=interp.cancel)
+            return generate_request(interp, name, probe_params(params), None)
+    return generate_request(interp, name, params, constraint)
+
+
+def generate_request(interp: Interpreter, name: str, params: SamplingParams, constraint: Any) -> GenerateRequest:
+    """The request continuing ``interp``'s text for variable ``name``."""
+    return GenerateRequest(prompt=interp.text, params=params, constraint=constraint,
+                           messages=interp.request_messages(), program=interp.program, variable=name,
+                           group=interp.group, cancel=interp.cancel)
 
 
 def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from structgen.contract.backend import Backend, GenerateRequest, SelectResult
+from structgen.contract.backend import Backend, SelectResult
 from structgen.errors import StructgenError
 from structgen.lang.kinds import RequestKind, register
-from structgen.lang.kinds.generate import GENERATE
+from structgen.lang.kinds.generate import GENERATE, generate_request
 from structgen.lang.kinds.select import SELECT
 from structgen.tools.relevance import RelevanceRequest, decide_relevance, relevance_scores
 
@@ -33,9 +33,7 @@ def _finish(interp: Interpreter, pending: Pending, result: SelectResult) -> None
     node = pending.node
     params = node.sampling(interp.defaults)
     spec = decide_relevance(interp.resolve_tools(node.constraint, params.max_new_tokens), relevance_scores(result))
-    request = GenerateRequest(prompt=interp.text, params=params, constraint=spec,
-                              messages=interp.request_messages(), program=interp.program,
-                              variable=pending.name, group=interp.group, cancel=interp.cancel)
+    request = generate_request(interp, pending.name, params, spec)
     interp.resend(replace(pending, kind=GENERATE, request=request, hold=node.retries > 0))
 
 
