@@ -1,7 +1,7 @@
 """Calibrate ``tool_choice="auto"``'s first decision on a BFCL slice the benchmark does not score.
 
     python bench/bfcl_calibrate.py [DIR] [--offset 100] [--limit 40] [--categories a,b]
-                                   [--signal relevance|probe]
+                                   [--signal relevance|probe|joint] [--abstain 1.0]
 
 ``auto`` in the injected format first scores the turn; below a threshold the turn is a
 plain answer. Two signals: ``relevance`` (the default, :mod:`structgen.tools.relevance`:
@@ -17,6 +17,16 @@ each call category weighted like the irrelevance one). Only the decision runs: e
 is scored, decided "answer" and cut after two tokens. Last line::
 
     RESULT signal=<relevance|probe> threshold=<x> balanced_accuracy=<x> call_rate=<x> abstain_rate=<x>
+
+``--signal joint`` calibrates the default decision, relevance then grounding
+(:mod:`structgen.tools.grounding`): every turn is committed to a call (relevance threshold
+off, ``max_tokens`` 192 as in ``bench/bfcl.py``), its relevance and its calls' grounding are
+read, and a turn calls when both reach their thresholds. The pair chosen keeps the
+irrelevance abstain rate at least ``--abstain`` (default 1.0: ``bench/bfcl.py``'s goal is an
+irrelevance accuracy no lower than the unconstrained model's, which never calls) and has the
+highest call rate (ties: the higher abstain rate, then the lower thresholds). Last line::
+
+    RESULT signal=joint relevance_threshold=<x> grounding_threshold=<x> call_rate=<x> abstain_rate=<x>
 """
 
 from __future__ import annotations
@@ -39,13 +49,61 @@ SIGNALS = {"relevance": ({"mode": "auto", "relevance_threshold": 1e9}, "tool_rel
            "probe": ({"mode": "auto", "call_threshold": 1.0}, "call_probability")}
 
 
+#: joint: every turn committed to a call, unchecked (its relevance and grounding are read)
+JOINT = {"mode": "auto", "relevance_threshold": -1e9, "grounding_threshold": None}
+
+
 @sg.program
-def probe_turn(s, messages, tools, parallel, choice):
+def probe_turn(s, messages, tools, parallel, choice, max_tokens=2):
     s += sg.use_tools(tools)
     for m in messages:
         s += ROLE.get(m["role"], sg.user)(m["content"])
     s += sg.assistant(sg.gen("out", tools=tools, tool_choice=choice, parallel_tool_calls=bool(parallel),
-                             max_tokens=2))
+                             max_tokens=max_tokens))
+
+
+def joint_scores(backend: Any, cat: Category, max_tokens: int = 192) -> list[tuple[float, float | None]]:
+    """Per record: ``(relevance, grounding)`` of the turn committed to a call."""
+    from structgen.contract.backend import Message
+    from structgen.tools.grounding import call_grounding, grounding_source
+
+    states = probe_turn.run_batch([{"messages": r.messages, "tools": record_tools(r), "parallel": cat.parallel,
+                                    "choice": JOINT, "max_tokens": max_tokens} for r in cat.records],
+                                  backend=backend, num_threads=16)
+    out = []
+    for rec, st in zip(cat.records, states, strict=True):
+        st.raise_if_failed()
+        source = grounding_source([Message(m["role"], m["content"]) for m in rec.messages])
+        grounding = call_grounding(st.tool_calls("out"), record_tools(rec), source)
+        out.append((float(st.get_meta_info("out")["tool_relevance"]), grounding))
+    return out
+
+
+def joint_rates(calls: dict[str, list[tuple[float, float | None]]], abstain: list[tuple[float, float | None]],
+                tr: float, tg: float) -> tuple[float, float]:
+    """``(call rate, abstain rate)`` of the pair: a turn calls at relevance >= ``tr`` and
+    grounding >= ``tg`` (or none to check)."""
+    def calls_at(x: tuple[float, float | None]) -> bool:
+        return x[0] >= tr and (x[1] is None or x[1] >= tg)
+    call_rate = sum(sum(map(calls_at, xs)) / len(xs) for xs in calls.values()) / len(calls)
+    return call_rate, sum(not calls_at(x) for x in abstain) / len(abstain)
+
+
+def best_pair(calls: dict[str, list[tuple[float, float | None]]], abstain: list[tuple[float, float | None]],
+              need: float) -> tuple[float, float, float, float] | None:
+    """``(relevance threshold, grounding threshold, call rate, abstain rate)``: the pair
+    (candidates: values seen in the slice) with abstain rate >= ``need`` and the highest
+    call rate; None when no pair abstains enough."""
+    xs = [x for v in calls.values() for x in v] + abstain
+    trs = sorted({x[0] for x in xs})
+    tgs = sorted({x[1] for x in xs if x[1] is not None} | {0.0})
+    best: tuple[float, float, float, float] | None = None
+    for tg in tgs:
+        for tr in trs:
+            cr, ar = joint_rates(calls, abstain, tr, tg)
+            if ar >= need and (best is None or (cr, ar) > (best[2], best[3])):  # ties: the lower thresholds
+                best = (tr, tg, cr, ar)
+    return best
 
 
 def probabilities(backend: Any, cat: Category, signal: str = "relevance") -> list[float]:
@@ -84,7 +142,8 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=100)
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--categories", default=None)
-    ap.add_argument("--signal", choices=sorted(SIGNALS), default="relevance")
+    ap.add_argument("--signal", choices=[*sorted(SIGNALS), "joint"], default="relevance")
+    ap.add_argument("--abstain", type=float, default=1.0, help="joint: the irrelevance abstain rate to keep")
     args = ap.parse_args()
     cats = load_categories(Path(args.dir), args.limit, args.offset)
     if args.categories:
@@ -94,6 +153,28 @@ def main() -> None:
     from structgen.backends.embedded import EmbeddedBackend
 
     backend = EmbeddedBackend()
+    if args.signal == "joint":
+        scores = {c.name: joint_scores(backend, c) for c in cats}
+        backend.close()
+        jcalls = {c.name: scores[c.name] for c in cats if not c.irrelevance}
+        jabstain = [x for c in cats if c.irrelevance for x in scores[c.name]]
+        print(f"slice: records {args.offset}..{args.offset + args.limit - 1} of "
+              + ", ".join(f"{c.name} ({len(c.records)})" for c in cats))
+        print(f"{'grounding >=':>12} {'relevance >=':>13} {'call rate':>10} {'abstain':>10}")
+        for tg in (0.0, 0.5, 0.6, 0.75, 1.0):  # per grounding threshold: its best relevance threshold
+            rows = [(tr, *joint_rates(jcalls, jabstain, tr, tg))
+                    for tr in sorted({x[0] for v in jcalls.values() for x in v} | {x[0] for x in jabstain})]
+            ok = [r for r in rows if r[2] >= args.abstain]
+            if ok:
+                tr, cr, ar = max(ok, key=lambda r: (r[1], r[2], -r[0]))
+                print(f"{tg:>12.2f} {tr:>13.3f} {cr:>10.3f} {ar:>10.3f}")
+        found = best_pair(jcalls, jabstain, args.abstain)
+        if found is None:
+            sys.exit(f"no pair of thresholds abstains on {args.abstain:.0%} of the irrelevance records")
+        tr, tg, cr, ar = found
+        print(f"RESULT signal=joint relevance_threshold={tr:.4f} grounding_threshold={tg:.4f} call_rate={cr:.3f} "
+              f"abstain_rate={ar:.3f}")
+        return
     probs = {c.name: probabilities(backend, c, args.signal) for c in cats}
     backend.close()
     calls = {c.name: probs[c.name] for c in cats if not c.irrelevance}

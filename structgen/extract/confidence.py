@@ -12,7 +12,7 @@ tokens that overlap it -- a string's quotes included, since its first token ofte
 the opening quote. Tokens the constraint forced without sampling carry no log-probability
 and are left out; a leaf written only by forced tokens gets ``mean = min = 0.0`` (it had
 no alternative). Given the ``source`` text the values were read from, each string or
-number leaf also gets ``grounded`` (:mod:`structgen.extract.grounding`: whether the value
+number leaf also gets ``grounded`` (:mod:`structgen.grounding`: whether the value
 occurs in the source), the signal the log-probability does not carry; and each string or
 number leaf inside an array gets ``repeated`` (:mod:`structgen.extract.repetition`: it
 copies what an earlier list item wrote for the same field, the mark of a small model's
@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from structgen.errors import ProgramError
-from structgen.extract.grounding import Source
 from structgen.extract.jsonspans import leaf_spans
 from structgen.extract.repetition import Repeats
+from structgen.grounding import Source
 
 __all__ = ["TokenSpan", "confidence_entries", "leaf_confidence", "rank", "token_spans"]
 

@@ -6,7 +6,7 @@ copies them again until the list ends or hits its bound (``$.meds[2].dose`` = 50
 fluent and, deep in the loop, near-certain, so token log-probability ranks the copies
 *above* the values read from the text, and they occur in the text, so grounding passes
 them too. :class:`Repeats` marks them: a string or number leaf inside an array whose
-value, normalised as :func:`structgen.extract.grounding.normalize` does (numbers by value),
+value, normalised as :func:`structgen.grounding.normalize` does (numbers by value),
 was already written at the same path with the array indices wildcarded
 (``$.meds[*].dose``) -- by an earlier item of the same list, or of an earlier list at the
 same place. The first occurrence is not marked, only its copies.
@@ -22,7 +22,7 @@ import math
 import re
 from typing import Any
 
-from structgen.extract.grounding import normalize
+from structgen.grounding import normalize
 
 __all__ = ["Repeats", "wildcard"]
 

@@ -23,6 +23,7 @@ answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -60,7 +61,7 @@ def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tupl
             raise ProgramError(f"tool_choice {tool_choice!r} names no tool (tools: {list(names)})")
         return "required", (tool_choice,)
     if isinstance(tool_choice, Mapping):
-        if any(k in tool_choice for k in ("allowed", "call_threshold", "relevance_threshold")):
+        if any(k in tool_choice for k in ("allowed", "call_threshold", "relevance_threshold", "grounding_threshold")):
             allowed = tuple(tool_choice.get("allowed", names))
             mode = str(tool_choice.get("mode", "auto"))
             if mode not in ("auto", "required"):
@@ -98,6 +99,17 @@ def choice_relevance(tool_choice: Any) -> Any:
     if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or math.isnan(r)):
         raise ProgramError(f"relevance_threshold must be a number (nats per token) or None, not {r!r}")
     return None if r is None else float(r)
+
+
+def choice_grounding(tool_choice: Any) -> Any:
+    """``auto``'s grounding threshold when ``tool_choice`` sets one (``{"grounding_threshold":
+    g}``: a share in [0, 1], or ``None`` = off); a private marker when it does not."""
+    if not isinstance(tool_choice, Mapping) or "grounding_threshold" not in tool_choice:
+        return _UNSET
+    g = tool_choice["grounding_threshold"]
+    if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g <= 1):
+        raise ProgramError(f"grounding_threshold must be a share in [0, 1] or None, not {g!r}")
+    return None if g is None else float(g)
 
 
 def normalize_parallel(parallel: Any) -> int:
@@ -153,6 +165,13 @@ class ToolCallSpec(GrammarSpec):
     relevance_threshold: float | None = None
     #: the turn's relevance (the best tool's), once the decision is made
     relevance: float | None = field(default=None, compare=False)
+    #: a call committed to by relevance is withdrawn below this grounding
+    #: (:mod:`structgen.tools.grounding`): None = off
+    grounding_threshold: float | None = None
+    #: the committed calls' grounding, once they are checked
+    grounding: float | None = field(default=None, compare=False)
+    #: the text of calls withdrawn for their grounding (the turn then answers)
+    declined_calls: str | None = field(default=None, compare=False)
     #: a staged turn's ``max_tokens`` (:mod:`structgen.tools.staging`): its calls are written
     #: one request each, as many as the tokens left allow; None = one request
     staged_budget: int | None = None
@@ -211,7 +230,7 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
     else:
         grammar = tool_grammar(fmt, fitted, mode=mode, max_calls=k, think=th, caps=caps)
     tools_json = json.dumps([t.openai() for t in tools], sort_keys=True)
-    threshold = relevance = None
+    threshold = relevance = grounding = None
     if mode == "auto" and fmt.opens_in_auto and th is None:  # auto's first decision, scored by the model
         from structgen.tools.decision import DEFAULT_CALL_THRESHOLD
         from structgen.tools.relevance import DEFAULT_RELEVANCE_THRESHOLD
@@ -222,9 +241,14 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
         probe_chosen = isinstance(tool_choice, Mapping) and "call_threshold" in tool_choice
         # the default: relevance decides; a call_threshold given alone chooses the probe
         relevance = (None if probe_chosen else DEFAULT_RELEVANCE_THRESHOLD) if r is _UNSET else r
+        if relevance is not None:  # a call committed to by relevance is checked for its grounding
+            from structgen.tools.grounding import DEFAULT_GROUNDING_THRESHOLD
+
+            g = choice_grounding(tool_choice)
+            grounding = DEFAULT_GROUNDING_THRESHOLD if g is _UNSET else g
     return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
                         mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
-                        call_threshold=threshold, relevance_threshold=relevance,
+                        call_threshold=threshold, relevance_threshold=relevance, grounding_threshold=grounding,
                         staged_budget=max_tokens if staged else None, staged_promise=promised)
 
 
@@ -244,6 +268,7 @@ class ToolRequest:
         normalize_choice(tool_choice, resolved)  # errors now, at gen(), not mid-run
         choice_threshold(tool_choice)
         choice_relevance(tool_choice)
+        choice_grounding(tool_choice)
         normalize_parallel(parallel)
         normalize_think(think)
         choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice
@@ -252,6 +277,13 @@ class ToolRequest:
     def choice(self) -> Any:
         c = self.tool_choice
         return json.loads(c) if isinstance(c, str) and c.startswith("{") else c
+
+    def committed(self) -> ToolRequest:
+        """The same turn with a call forced among its allowed tools: ``auto`` once its first
+        decision (:mod:`structgen.tools.relevance`) chose to call."""
+        _, allowed = normalize_choice(self.choice(), self.tools)
+        choice = json.dumps({"mode": "required", "allowed": list(allowed)}, sort_keys=True)
+        return dataclasses.replace(self, tool_choice=choice)
 
     def resolve(self, template: ChatTemplate | None, max_tokens: int | None = None) -> ToolCallSpec:
         """The spec for a backend whose template is ``template`` (None: chat APIs, which

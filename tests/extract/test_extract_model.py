@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 import structgen
 from structgen.constraints.validation import validate_output
 from structgen.extract import InputRecord, resolve_schema
-from structgen.extract.grounding import normalize
 from structgen.extract.jsonspans import leaf_spans
+from structgen.grounding import normalize
 from tests.extract.conftest import Recording
 
 pytestmark = pytest.mark.model
@@ -295,3 +295,4 @@ def test_fit_budget_bounds_every_free_length_to_fit_max_tokens(embedded_backend:
             assert max(len(r.data.title), len(r.data.summary), *map(len, r.data.tags or [""])) <= cap
         else:
             assert r.error is not None and r.error.type == "OutputValidationError", r.error
+

@@ -1,11 +1,11 @@
-"""Source grounding (structgen.extract.grounding) and its place in per-leaf confidence."""
+"""Source grounding (structgen.grounding) and its place in per-leaf confidence."""
 
 from __future__ import annotations
 
 import pytest
 
 from structgen.extract.confidence import leaf_confidence, rank
-from structgen.extract.grounding import Source, normalize
+from structgen.grounding import Source, normalize
 
 
 @pytest.mark.parametrize(("value", "source", "expected"), [

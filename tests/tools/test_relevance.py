@@ -1,9 +1,10 @@
 """``tool_choice="auto"``'s first decision by relevance (structgen.tools.relevance): the
 allowed tools' texts are scored after the user's question and with no context, as one
 ``select`` with unconditional scores; the best tool's mean log-probability gain decides the
-turn -- the call block at or above the threshold, a plain answer (never the call trigger)
-below it. Structure only: scripted scores force each branch on a fake backend; on the real
-SmolLM2 every decided turn follows its own recorded score, and every call made is valid.
+turn -- a call forced among the allowed tools at or above the threshold (the decision is
+made once), a plain answer (never the call trigger) below it. Structure only: scripted
+scores force each branch on a fake backend; on the real SmolLM2 every decided turn follows
+its own recorded score, and every call made is valid.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from structgen.tools.relevance import (
     relevance_query,
     relevance_scores,
 )
-from structgen.tools.spec import build_spec
+from structgen.tools.spec import ToolRequest, build_spec
 from tests.tools.test_decision import TOOLS
 
 CALL = '<tool_call>[{"name": "add", "arguments": {"a": 1, "b": 2}}]</tool_call>'
@@ -56,9 +57,17 @@ def test_scores_are_the_mean_gain_per_token_and_decide_the_turn():
     with pytest.raises(ValueError):
         relevance_scores(SelectResult(input_token_logprobs=[[-1.0]], unconditional_token_logprobs=[]))
     spec = build_spec(TOOLS, INJECTED)
-    called = decide_relevance(spec, [2.0, 0.0])
+    called = decide_relevance(spec, [2.0, 0.0])  # nothing to commit to: the call block as it is
     assert called.mode == "auto" and called.relevance == 2.0 and called.call_threshold is None
     assert called.grammar == spec.grammar
+    forced = build_spec(TOOLS, INJECTED, tool_choice={"mode": "required", "allowed": ["add", "weather"]})
+    committed = decide_relevance(spec, [2.0, 0.0], committed=lambda: forced)
+    assert committed.mode == "required" and committed.grammar == forced.grammar != spec.grammar
+    assert committed.relevance == 2.0 and committed.relevance_threshold == spec.relevance_threshold
+    with pytest.raises(sg.OutputValidationError):  # the forced grammar's check: a call, not an answer
+        committed.validate_output("<tool_call>[]</tool_call>Five.")
+    assert [c.name for c in committed.validate_output(CALL).calls] == ["add"]
+    assert decide_relevance(spec, [0.5], committed=lambda: forced).mode == "none"  # below: not committed
     answered = decide_relevance(spec, [0.0, spec.relevance_threshold - 0.01])
     assert answered.mode == "none" and answered.relevance == pytest.approx(spec.relevance_threshold - 0.01)
     with pytest.raises(sg.OutputValidationError):  # the answer grammar's check: no call
@@ -86,7 +95,8 @@ def test_one_scoring_select_then_the_decided_grammar(gain, expect_call):
     def selector(req):  # the first tool ("add") gains `gain` nats per token, the other none
         return [[-1.0 + (gain if i == 0 else 0.0)] * 3 for i in range(len(req.choices))]
 
-    fb = FakeBackend([CALL if expect_call else "Five."], selector=selector, capabilities=_caps(prefix_cache=True))
+    call = CALL.replace('"a": 1, "b": 2', '"a": 2, "b": 3')  # its arguments from the question: it stands
+    fb = FakeBackend([call if expect_call else "Five."], selector=selector, capabilities=_caps(prefix_cache=True))
     st = ask.run(question="What is  2 + 3?", backend=fb)
     st.raise_if_failed()
     first, second = fb.requests
@@ -94,7 +104,7 @@ def test_one_scoring_select_then_the_decided_grammar(gain, expect_call):
     assert first.prompt == QUERY.format(query="What is 2 + 3?")
     assert first.choices == (TOOL.format(name="add", description="Add two integers."),
                              TOOL.format(name="weather", description="The weather in a city."))
-    assert isinstance(second, GenerateRequest) and second.constraint.mode == ("auto" if expect_call else "none")
+    assert isinstance(second, GenerateRequest) and second.constraint.mode == ("required" if expect_call else "none")
     assert second.params.max_new_tokens == 48
     meta = st.get_meta_info("turn")
     assert meta["tool_relevance"] == pytest.approx(gain - 0.5)  # (-1 + gain) - (-0.5), the fake's unconditional
@@ -102,15 +112,31 @@ def test_one_scoring_select_then_the_decided_grammar(gain, expect_call):
     assert st.text().count("What is  2 + 3?") == 1 and "Function:" not in st.text()  # scoring adds no text
 
 
+def test_a_committed_turn_keeps_the_allowed_tools_and_the_budget():
+    fb = FakeBackend([CALL], selector=lambda req: [[2.0] * 3 for _ in req.choices],
+                     capabilities=_caps(prefix_cache=True))
+    st = ask.run(question="Add 1 and 2.", choice={"mode": "auto", "allowed": ["add"]}, backend=fb)
+    st.raise_if_failed()
+    first, second = fb.requests
+    assert first.choices == (TOOL.format(name="add", description="Add two integers."),)  # only the allowed
+    forced = FakeBackend([CALL], capabilities=_caps(prefix_cache=True))  # the same turn asked as "required"
+    ask.run(question="Add 1 and 2.", choice={"mode": "required", "allowed": ["add"]}, backend=forced).raise_if_failed()
+    expect = forced.requests[0].constraint
+    assert second.constraint.mode == "required" and second.constraint.allowed == ("add",)
+    assert second.constraint.grammar == expect.grammar and second.params.max_new_tokens == 48
+    assert ToolRequest.make(TOOLS).committed().choice() == {"mode": "required", "allowed": ["add", "weather"]}
+
+
 def test_each_run_of_a_batch_scores_its_own_question():
-    fb = FakeBackend(responder=lambda req: "ok", selector=lambda req: [[-2.0 + len(req.prompt)] for _ in req.choices],
+    # scores below the threshold, each run's own: every turn answers
+    fb = FakeBackend(responder=lambda req: "ok", selector=lambda req: [[-30.0 + len(req.prompt)] for _ in req.choices],
                      capabilities=_caps(prefix_cache=True))
     questions = ["q", "qq", "qqq", "qqqq"]
     states = ask.run_batch([{"question": q} for q in questions], backend=fb, num_threads=4)
     for q, st in zip(questions, states, strict=True):
         st.raise_if_failed()
         prompt = QUERY.format(query=q)
-        assert st.get_meta_info("turn")["tool_relevance"] == pytest.approx(-1.5 + len(prompt)) and st["turn"] == "ok"
+        assert st.get_meta_info("turn")["tool_relevance"] == pytest.approx(-29.5 + len(prompt)) and st["turn"] == "ok"
     scorings = [r for r in fb.requests if isinstance(r, RelevanceRequest)]
     assert sorted(r.prompt for r in scorings) == sorted(QUERY.format(query=q) for q in questions)
     assert len(fb.requests) == 8  # one scoring and one generation per run
@@ -137,18 +163,19 @@ def test_the_default_decision_follows_the_relevance_in_a_batch(embedded_backend)
         st.raise_if_failed()
         turn, r = st.value("turn"), st.get_meta_info("turn")["tool_relevance"]
         assert "call_probability" not in st.get_meta_info("turn")  # relevance decided: no probe
-        if r >= DEFAULT_RELEVANCE_THRESHOLD:  # the call block, as the grammar writes it
-            assert st["turn"].startswith("<tool_call>[")
-            assert all(c.name in {"add", "weather"} for c in turn.calls)
-        else:  # a plain answer: never a call
+        meta = st.get_meta_info("turn")
+        if r >= DEFAULT_RELEVANCE_THRESHOLD and "declined_calls" not in meta:  # a call, as the forced grammar writes it
+            assert st["turn"].startswith("<tool_call>[{")
+            assert turn.calls and all(c.name in {"add", "weather"} for c in turn.calls)
+        else:  # a plain answer (below the threshold, or its call withdrawn: tests/tools/test_grounding.py)
             assert turn.calls == [] and "<tool_call>" not in st["turn"] and st["turn"]
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("threshold, expect_block", [(-100.0, True), (100.0, False)])
 def test_thresholds_force_each_branch_on_the_model(embedded_backend, threshold, expect_block):
-    st = ask.run(question="What is 2 + 3?", choice={"mode": "auto", "relevance_threshold": threshold},
-                 backend=embedded_backend)
+    choice = {"mode": "auto", "relevance_threshold": threshold, "grounding_threshold": None}  # relevance alone
+    st = ask.run(question="What is 2 + 3?", choice=choice, backend=embedded_backend)
     st.raise_if_failed()
     assert st["turn"].startswith("<tool_call>[") == expect_block
     if not expect_block:

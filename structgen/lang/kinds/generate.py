@@ -108,6 +108,8 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
             if err is exc:
                 raise
             raise err from exc
+        if _withdrawn(interp, pending, constraint, text, value, meta):
+            return
         _tool_meta(meta, constraint, text, value)
     if pending.attempt:
         meta["attempts"] = pending.attempt + 1
@@ -121,6 +123,29 @@ def _continued(messages: tuple[Message, ...], text: str) -> tuple[Message, ...]:
     return messages
 
 
+def _withdrawn(interp: Interpreter, pending: Pending, constraint: Any, text: str, value: Any,
+               meta: dict[str, Any]) -> bool:
+    """Whether ``auto``'s committed calls were withdrawn for their grounding (the conversation
+    did not give their arguments: :mod:`structgen.tools.grounding`); the turn is then sent
+    again from its first request as a plain answer."""
+    threshold = getattr(constraint, "grounding_threshold", None)
+    calls = getattr(value, "calls", None)
+    if threshold is None or getattr(constraint, "relevance", None) is None or not calls:
+        return False  # not a turn relevance committed to (no scoring: the probe or the grammar decided)
+    from structgen.tools.decision import as_answer
+    from structgen.tools.grounding import call_grounding, grounding_source
+
+    first = pending.carry.first if pending.carry is not None else pending.request
+    grounding = call_grounding(calls, constraint.allowed_tools, grounding_source(first.messages))
+    meta["tool_grounding"] = grounding
+    if grounding is None or grounding >= threshold:
+        return False
+    answer = as_answer(constraint, grounding_threshold=None, grounding=grounding, declined_calls=text,
+                       staged_budget=None)
+    interp.resend(replace(pending, request=replace(first, constraint=answer), carry=None))
+    return True
+
+
 def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> None:
     """A thinking section and a tool-calling turn's calls, in the gen's meta information."""
     think = getattr(constraint, "think", None)
@@ -132,6 +157,8 @@ def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> 
         meta["call_probability"] = constraint.call_probability
     if getattr(constraint, "relevance", None) is not None:
         meta["tool_relevance"] = constraint.relevance
+    if getattr(constraint, "declined_calls", None) is not None:  # withdrawn for their grounding
+        meta["tool_grounding"], meta["declined_calls"] = constraint.grounding, constraint.declined_calls
     calls = getattr(value, "calls", None)
     if calls is not None and hasattr(value, "is_answer"):  # a tool-calling turn
         meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.raw_arguments} for c in calls]

@@ -32,9 +32,12 @@ def _start(interp: Interpreter, node: object, name: str) -> RelevanceRequest:
 def _finish(interp: Interpreter, pending: Pending, result: SelectResult) -> None:
     node = pending.node
     params = node.sampling(interp.defaults)
-    spec = decide_relevance(interp.resolve_tools(node.constraint, params.max_new_tokens), relevance_scores(result))
+    budget = params.max_new_tokens
+    spec = decide_relevance(interp.resolve_tools(node.constraint, budget), relevance_scores(result),
+                            committed=lambda: interp.resolve_tools(node.constraint.committed(), budget))
     request = generate_request(interp, pending.name, params, spec)
-    interp.resend(replace(pending, kind=GENERATE, request=request, hold=node.retries > 0))
+    checked = spec.grounding_threshold is not None and spec.mode != "none"  # its calls may be withdrawn: held
+    interp.resend(replace(pending, kind=GENERATE, request=request, hold=node.retries > 0 or checked))
 
 
 RELEVANCE = register(RequestKind(

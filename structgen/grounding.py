@@ -13,7 +13,9 @@ carry, and extraction is mostly copying, so per-field confidence reports both
   (``12``, ``12.50``; digit groups such as ``1,200`` read as ``1200``);
 * absent for booleans, null and empty strings (the source cannot show them).
 
-:func:`structgen.extract.confidence.rank` orders leaves for review with this signal.
+:func:`structgen.extract.confidence.rank` orders leaves for review with this signal, and
+``tool_choice="auto"`` withdraws a call whose arguments the conversation did not give
+(:mod:`structgen.tools.grounding`).
 """
 
 from __future__ import annotations
