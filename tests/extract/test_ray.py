@@ -49,7 +49,7 @@ def test_ray_job_matches_local_and_resumes(tmp_path: Path, local_ray: Any, embed
         return JobOptions(input=str(inp), output=str(out), schema=SCHEMA, config=cfg, quiet=True, concurrency=4)
 
     run_job(opts(tmp_path / "local.jsonl"), embedded_backend)
-    ropts = RayOptions(workers=1, batch_size=8)
+    ropts = RayOptions(workers=1, batch_size=2)  # three batches
     stats = run_ray_job(opts(tmp_path / "ray.jsonl"), ropts)
     local, distributed = _records(tmp_path / "local.jsonl"), _records(tmp_path / "ray.jsonl")
     assert stats.records == 5 and stats.computed_records == 5 and stats.resumed == 0
