@@ -114,7 +114,8 @@ def _items(cat: Category, recs: list[Record], constrained: bool, budgets: dict[s
 
 
 def _new_run() -> dict[str, Any]:
-    return {"per_cat": {}, "valid": 0, "invalid": 0, "truncated": 0, "calls": {}, "wall": {}, "why": []}
+    return {"per_cat": {}, "valid": 0, "invalid": 0, "truncated": 0, "withdrawn": 0, "calls": {}, "wall": {},
+            "why": []}
 
 
 def run_structgen(backend: Any, cats: list[Category], constrained: bool, budgets: dict[str, int],
@@ -139,6 +140,8 @@ def run_structgen(backend: Any, cats: list[Category], constrained: bool, budgets
                     run["why"].append(f"{rec.id}: {type(err).__name__}: {str(err).split(' (raw output')[0][:120]}")
                 else:
                     calls = [(c.name, c.raw_arguments) for c in st.tool_calls("out")]
+                    # auto's committed calls withdrawn for their grounding (structgen.tools.grounding)
+                    run["withdrawn"] += "declined_calls" in (st.get_meta_info("out") or {})
                     if st.value("out").truncated:  # cut inside the block after whole calls: a call was lost
                         ok = False
                         run["truncated"] += 1
@@ -291,6 +294,7 @@ def main() -> None:
     print(f"{'valid outputs':<20}"
           + "".join(f"{r['valid'] / (r['valid'] + r['invalid']):>16.3f}" for r in runs.values()))
     print(f"{'cut by max_tokens':<20}" + "".join(f"{r['truncated']:>16d}" for r in runs.values()))
+    print(f"{'calls withdrawn':<20}" + "".join(f"{r['withdrawn']:>16d}" for r in runs.values()))
     print(f"{'calls':<20}" + "".join(f"{sum(r['calls'].values()):>16d}" for r in runs.values()))
     print(f"{'wall s':<20}" + "".join(f"{sum(r['wall'].values()):>16.1f}" for r in runs.values()))
     print(f"{'calls/s (call cats)':<20}" + "".join(f"{call_rate(r, cats):>16.3f}" for r in runs.values()))
