@@ -15,8 +15,9 @@ and validates every call.
 
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
 answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
-"auto"|"required", "call_threshold": p, "relevance_threshold": r}`` (``p``: see
-:mod:`structgen.tools.decision`; ``r``: :mod:`structgen.tools.relevance`, ``None`` = off).
+"auto"|"required", "call_threshold": p, "relevance_threshold": r, "grounding_threshold": g}``
+(``p``: see :mod:`structgen.tools.decision`; ``r``: :mod:`structgen.tools.relevance`; ``g``:
+:mod:`structgen.tools.grounding`; ``None`` = off).
 ``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
 :data:`MAX_PARALLEL`) or ``k`` (up to ``k``).
 """
