@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,15 @@ def joint_scores(backend: Any, cat: Category, max_tokens: int = 192) -> list[tup
     from structgen.contract.backend import Message
     from structgen.tools.grounding import call_grounding, grounding_source
 
-    states = probe_turn.run_batch([{"messages": r.messages, "tools": record_tools(r), "parallel": cat.parallel,
-                                    "choice": JOINT, "max_tokens": max_tokens} for r in cat.records],
+    tools = [record_tools(r) for r in cat.records]
+    states = probe_turn.run_batch([{"messages": r.messages, "tools": ts, "parallel": cat.parallel, "choice": JOINT,
+                                    "max_tokens": max_tokens} for r, ts in zip(cat.records, tools, strict=True)],
                                   backend=backend, num_threads=16)
     out = []
-    for rec, st in zip(cat.records, states, strict=True):
+    for rec, ts, st in zip(cat.records, tools, states, strict=True):
         st.raise_if_failed()
         source = grounding_source([Message(m["role"], m["content"]) for m in rec.messages])
-        grounding = call_grounding(st.tool_calls("out"), record_tools(rec), source)
+        grounding = call_grounding(st.tool_calls("out"), ts, source)
         out.append((float(st.get_meta_info("out")["tool_relevance"]), grounding))
     return out
 
@@ -90,13 +92,13 @@ def joint_rates(calls: dict[str, list[tuple[float, float | None]]], abstain: lis
 
 
 def best_pair(calls: dict[str, list[tuple[float, float | None]]], abstain: list[tuple[float, float | None]],
-              need: float) -> tuple[float, float, float, float] | None:
+              need: float, groundings: Sequence[float] | None = None) -> tuple[float, float, float, float] | None:
     """``(relevance threshold, grounding threshold, call rate, abstain rate)``: the pair
-    (candidates: values seen in the slice) with abstain rate >= ``need`` and the highest
-    call rate; None when no pair abstains enough."""
+    (candidates: values seen in the slice; ``groundings``: only these grounding thresholds)
+    with abstain rate >= ``need`` and the highest call rate; None when no pair abstains enough."""
     xs = [x for v in calls.values() for x in v] + abstain
     trs = sorted({x[0] for x in xs})
-    tgs = sorted({x[1] for x in xs if x[1] is not None} | {0.0})
+    tgs = sorted({x[1] for x in xs if x[1] is not None} | {0.0}) if groundings is None else list(groundings)
     best: tuple[float, float, float, float] | None = None
     for tg in tgs:
         for tr in trs:
@@ -161,13 +163,10 @@ def main() -> None:
         print(f"slice: records {args.offset}..{args.offset + args.limit - 1} of "
               + ", ".join(f"{c.name} ({len(c.records)})" for c in cats))
         print(f"{'grounding >=':>12} {'relevance >=':>13} {'call rate':>10} {'abstain':>10}")
-        for tg in (0.0, 0.5, 0.6, 0.75, 1.0):  # per grounding threshold: its best relevance threshold
-            rows = [(tr, *joint_rates(jcalls, jabstain, tr, tg))
-                    for tr in sorted({x[0] for v in jcalls.values() for x in v} | {x[0] for x in jabstain})]
-            ok = [r for r in rows if r[2] >= args.abstain]
-            if ok:
-                tr, cr, ar = max(ok, key=lambda r: (r[1], r[2], -r[0]))
-                print(f"{tg:>12.2f} {tr:>13.3f} {cr:>10.3f} {ar:>10.3f}")
+        for g in (0.0, 0.5, 0.6, 0.75, 1.0):  # per grounding threshold: its best relevance threshold
+            row = best_pair(jcalls, jabstain, args.abstain, groundings=[g])
+            if row is not None:
+                print("{:>12.2f} {:>13.3f} {:>10.3f} {:>10.3f}".format(row[1], row[0], *row[2:]))
         found = best_pair(jcalls, jabstain, args.abstain)
         if found is None:
             sys.exit(f"no pair of thresholds abstains on {args.abstain:.0%} of the irrelevance records")

@@ -102,4 +102,6 @@ def test_joint_calibration_keeps_the_abstain_rate_and_calls_the_most() -> None:
     # the relevance fall to 0.9, just above the irrelevant 0.85
     assert (tr, tg) == (0.9, 0.5) and (call_rate, abstain_rate) == (pytest.approx(7 / 12), 1.0)
     assert best_pair(calls, abstain, need=2 / 3)[2] > call_rate  # a looser goal calls more
+    # one grounding threshold only (the calibration's table rows): 0 is relevance alone
+    assert best_pair(calls, abstain, need=1.0, groundings=[0.0]) == (1.5, 0.0, pytest.approx(1 / 6), 1.0)
     assert best_pair({"a": [(1.0, 1.0)]}, [(1.0, 1.0)], need=1.0) is None  # no seen pair abstains: reported
