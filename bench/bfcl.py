@@ -8,8 +8,12 @@ DIR defaults to ``../shared/bfcl`` next to the repository. ``--limit N`` takes t
 records of each category. One run, same model, same prompts (the tool list injected into
 the system turn in structgen's documented format -- SmolLM2's template has no tools):
 
-(a) structgen: ``gen(tools=..., tool_choice="auto")``, parallel calls allowed in
-    ``*parallel*`` categories -- the grammar makes every call valid;
+(a) structgen: ``gen(tools=..., tool_choice="auto")`` with its defaults, parallel calls
+    allowed in ``*parallel*`` categories -- the grammar makes every call valid; ``auto``
+    decides by relevance (the model's gain and the tools' words, ``structgen.tools.relevance``)
+    and grounding, and a staged parallel turn is asked for one more call while the
+    question's numbers are not all used (``structgen.tools.coverage``; the "calls dropped"
+    row counts the calls so asked for that added none);
 (b) unconstrained: the same prompt, free generation, calls parsed as a user without
     structgen would (the ``<tool_call>`` block, ``json.loads``);
 (``--required`` adds structgen with ``tool_choice="required"``, to set beside vLLM's.)
@@ -114,8 +118,8 @@ def _items(cat: Category, recs: list[Record], constrained: bool, budgets: dict[s
 
 
 def _new_run() -> dict[str, Any]:
-    return {"per_cat": {}, "valid": 0, "invalid": 0, "truncated": 0, "withdrawn": 0, "calls": {}, "wall": {},
-            "why": []}
+    return {"per_cat": {}, "valid": 0, "invalid": 0, "truncated": 0, "withdrawn": 0, "dropped": 0, "calls": {},
+            "wall": {}, "why": []}
 
 
 def run_structgen(backend: Any, cats: list[Category], constrained: bool, budgets: dict[str, int],
@@ -142,6 +146,8 @@ def run_structgen(backend: Any, cats: list[Category], constrained: bool, budgets
                     calls = [(c.name, c.raw_arguments) for c in st.tool_calls("out")]
                     # auto's committed calls withdrawn for their grounding (structgen.tools.grounding)
                     run["withdrawn"] += "declined_calls" in (st.get_meta_info("out") or {})
+                    # calls a coverage stage asked for and dropped (structgen.tools.coverage)
+                    run["dropped"] += len((st.get_meta_info("out") or {}).get("dropped_calls", []))
                     if st.value("out").truncated:  # cut inside the block after whole calls: a call was lost
                         ok = False
                         run["truncated"] += 1
@@ -295,6 +301,7 @@ def main() -> None:
           + "".join(f"{r['valid'] / (r['valid'] + r['invalid']):>16.3f}" for r in runs.values()))
     print(f"{'cut by max_tokens':<20}" + "".join(f"{r['truncated']:>16d}" for r in runs.values()))
     print(f"{'calls withdrawn':<20}" + "".join(f"{r['withdrawn']:>16d}" for r in runs.values()))
+    print(f"{'calls dropped':<20}" + "".join(f"{r['dropped']:>16d}" for r in runs.values()))
     print(f"{'calls':<20}" + "".join(f"{sum(r['calls'].values()):>16d}" for r in runs.values()))
     print(f"{'wall s':<20}" + "".join(f"{sum(r['wall'].values()):>16.1f}" for r in runs.values()))
     print(f"{'calls/s (call cats)':<20}" + "".join(f"{call_rate(r, cats):>16.3f}" for r in runs.values()))

@@ -23,10 +23,12 @@ is scored, decided "answer" and cut after two tokens. Last line::
 off, ``max_tokens`` 192 as in ``bench/bfcl.py``), its relevance and its calls' grounding are
 read, and a turn calls when both reach their thresholds. The pair chosen keeps the
 irrelevance abstain rate at least ``--abstain`` (default 1.0: ``bench/bfcl.py``'s goal is an
-irrelevance accuracy no lower than the unconstrained model's, which never calls) and has the
-highest call rate (ties: the higher abstain rate, then the lower thresholds). Last line::
+irrelevance accuracy no lower than the unconstrained model's, which never calls) and the
+highest accuracy on the call categories -- the share of records whose committed calls pass
+the checker and are kept, ``bench/bfcl.py``'s ``accuracy`` -- (ties: the higher call rate, the
+higher abstain rate, then the lower thresholds). Last line::
 
-    RESULT signal=joint relevance_threshold=<x> grounding_threshold=<x> call_rate=<x> abstain_rate=<x>
+    RESULT signal=joint relevance_threshold=<x> grounding_threshold=<x> accuracy=<x> call_rate=<x> abstain_rate=<x>
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import structgen as sg  # noqa: E402
 from bench.bfcl import ROLE, default_dir, record_tools  # noqa: E402
-from bench.bfcl_check import Category, load_categories  # noqa: E402
+from bench.bfcl_check import Category, check_calls, load_categories  # noqa: E402
 
 #: per signal: the tool_choice that scores it and then always answers (the turn is cut after
 #: 2 tokens), and the meta key the score is read from
@@ -63,8 +65,12 @@ def probe_turn(s, messages, tools, parallel, choice, max_tokens=2):
                              max_tokens=max_tokens))
 
 
-def joint_scores(backend: Any, cat: Category, max_tokens: int = 192) -> list[tuple[float, float | None]]:
-    """Per record: ``(relevance, grounding)`` of the turn committed to a call."""
+#: one record of the joint calibration: (relevance, grounding or None, its committed calls pass the checker)
+Joint = tuple[float, "float | None", bool]
+
+
+def joint_scores(backend: Any, cat: Category, max_tokens: int = 192) -> list[Joint]:
+    """Per record: ``(relevance, grounding, correct)`` of the turn committed to a call."""
     from structgen.contract.backend import Message
     from structgen.tools.grounding import call_grounding, grounding_source
 
@@ -76,35 +82,39 @@ def joint_scores(backend: Any, cat: Category, max_tokens: int = 192) -> list[tup
     for rec, ts, st in zip(cat.records, tools, states, strict=True):
         st.raise_if_failed()
         source = grounding_source([Message(m["role"], m["content"]) for m in rec.messages])
-        grounding = call_grounding(st.tool_calls("out"), ts, source)
-        out.append((float(st.get_meta_info("out")["tool_relevance"]), grounding))
+        calls = st.tool_calls("out")
+        grounding = call_grounding(calls, ts, source)
+        correct = not cat.irrelevance and check_calls([(c.name, c.raw_arguments) for c in calls], rec, cat)
+        out.append((float(st.get_meta_info("out")["tool_relevance"]), grounding, bool(correct)))
     return out
 
 
-def joint_rates(calls: dict[str, list[tuple[float, float | None]]], abstain: list[tuple[float, float | None]],
-                tr: float, tg: float) -> tuple[float, float]:
-    """``(call rate, abstain rate)`` of the pair: a turn calls at relevance >= ``tr`` and
-    grounding >= ``tg`` (or none to check)."""
-    def calls_at(x: tuple[float, float | None]) -> bool:
+def joint_rates(calls: dict[str, list[Joint]], abstain: list[Joint], tr: float,
+                tg: float) -> tuple[float, float, float]:
+    """``(call rate, abstain rate, accuracy)`` of the pair: a turn calls at relevance >= ``tr``
+    and grounding >= ``tg`` (or none to check); it is right when it calls and its calls pass."""
+    def calls_at(x: Joint) -> bool:
         return x[0] >= tr and (x[1] is None or x[1] >= tg)
     call_rate = sum(sum(map(calls_at, xs)) / len(xs) for xs in calls.values()) / len(calls)
-    return call_rate, sum(not calls_at(x) for x in abstain) / len(abstain)
+    accuracy = sum(sum(calls_at(x) and x[2] for x in xs) / len(xs) for xs in calls.values()) / len(calls)
+    return call_rate, sum(not calls_at(x) for x in abstain) / len(abstain), accuracy
 
 
-def best_pair(calls: dict[str, list[tuple[float, float | None]]], abstain: list[tuple[float, float | None]],
-              need: float, groundings: Sequence[float] | None = None) -> tuple[float, float, float, float] | None:
-    """``(relevance threshold, grounding threshold, call rate, abstain rate)``: the pair
-    (candidates: values seen in the slice; ``groundings``: only these grounding thresholds)
-    with abstain rate >= ``need`` and the highest call rate; None when no pair abstains enough."""
+def best_pair(calls: dict[str, list[Joint]], abstain: list[Joint], need: float,
+              groundings: Sequence[float] | None = None) -> tuple[float, float, float, float, float] | None:
+    """``(relevance threshold, grounding threshold, accuracy, call rate, abstain rate)``: the
+    pair (candidates: values seen in the slice; ``groundings``: only these grounding
+    thresholds) with abstain rate >= ``need`` and the highest accuracy (ties: call rate,
+    abstain rate, the lower thresholds); None when no pair abstains enough."""
     xs = [x for v in calls.values() for x in v] + abstain
     trs = sorted({x[0] for x in xs})
     tgs = sorted({x[1] for x in xs if x[1] is not None} | {0.0}) if groundings is None else list(groundings)
-    best: tuple[float, float, float, float] | None = None
+    best: tuple[float, float, float, float, float] | None = None
     for tg in tgs:
         for tr in trs:
-            cr, ar = joint_rates(calls, abstain, tr, tg)
-            if ar >= need and (best is None or (cr, ar) > (best[2], best[3])):  # ties: the lower thresholds
-                best = (tr, tg, cr, ar)
+            cr, ar, acc = joint_rates(calls, abstain, tr, tg)
+            if ar >= need and (best is None or (acc, cr, ar) > best[2:]):  # ties: the lower thresholds
+                best = (tr, tg, acc, cr, ar)
     return best
 
 
@@ -162,17 +172,17 @@ def main() -> None:
         jabstain = [x for c in cats if c.irrelevance for x in scores[c.name]]
         print(f"slice: records {args.offset}..{args.offset + args.limit - 1} of "
               + ", ".join(f"{c.name} ({len(c.records)})" for c in cats))
-        print(f"{'grounding >=':>12} {'relevance >=':>13} {'call rate':>10} {'abstain':>10}")
-        for g in (0.0, 0.5, 0.6, 0.75, 1.0):  # per grounding threshold: its best relevance threshold
+        print(f"{'grounding >=':>12} {'relevance >=':>13} {'accuracy':>9} {'call rate':>10} {'abstain':>10}")
+        for g in (0.0, 0.25, 0.5, 0.6, 0.75, 1.0):  # per grounding threshold: its best relevance threshold
             row = best_pair(jcalls, jabstain, args.abstain, groundings=[g])
             if row is not None:
-                print("{:>12.2f} {:>13.3f} {:>10.3f} {:>10.3f}".format(row[1], row[0], *row[2:]))
+                print("{:>12.2f} {:>13.3f} {:>9.3f} {:>10.3f} {:>10.3f}".format(row[1], row[0], *row[2:]))
         found = best_pair(jcalls, jabstain, args.abstain)
         if found is None:
             sys.exit(f"no pair of thresholds abstains on {args.abstain:.0%} of the irrelevance records")
-        tr, tg, cr, ar = found
-        print(f"RESULT signal=joint relevance_threshold={tr:.4f} grounding_threshold={tg:.4f} call_rate={cr:.3f} "
-              f"abstain_rate={ar:.3f}")
+        tr, tg, acc, cr, ar = found
+        print(f"RESULT signal=joint relevance_threshold={tr:.4f} grounding_threshold={tg:.4f} accuracy={acc:.3f} "
+              f"call_rate={cr:.3f} abstain_rate={ar:.3f}")
         return
     probs = {c.name: probabilities(backend, c, args.signal) for c in cats}
     backend.close()

@@ -18,7 +18,8 @@ under ``auto`` the turn opens the call block at once and the model decides right
 A *staged* turn (:mod:`structgen.tools.staging`) is written one call per request: the
 first stage's grammar (``stage="first"``) is the turn's opening (an answer, lead text, the
 block's opener) and one call, ending right after it; each next one's (``stage="next"``)
-is the block's end, or the separator and one more call.
+is the block's end, or the separator and one more call (``stage="more"``: the separator and
+one more call, no end).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from structgen.tools.formats import ToolFormat
 
 __all__ = ["JSON_STYLE", "STAGES", "lark_literal", "think_prefix", "tool_grammar"]
 
-#: a staged turn's grammars: its first request's, and each later one's
-STAGES = ("first", "next")
+#: a staged turn's grammars: its first request's, each later one's, and a later one that
+#: must write a call (asked for by coverage, :mod:`structgen.tools.coverage`)
+STAGES = ("first", "next", "more")
 
 #: how arguments are written: as ``tojson`` writes them (templates render calls this way)
 JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -78,7 +80,8 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
     ``"required"`` (1..max_calls calls) or ``"none"`` (an answer only). ``caps``: per
     tool, a bound on its arguments' strings and arrays (:mod:`structgen.tools.budget`).
     ``stage``: one stage of a staged turn (``"first"``: the turn's opening and a call;
-    ``"next"``: the block's end, or the separator and a call); ``max_calls`` is then 1."""
+    ``"next"``: the block's end, or the separator and a call; ``"more"``: the separator and a
+    call); ``max_calls`` is then 1."""
     if mode not in ("auto", "required", "none"):
         raise ValueError(f"mode must be auto, required or none, not {mode!r}")
     if max_calls < 1:
@@ -92,10 +95,11 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Tool], *, mode: str, max_calls
     if mode == "none":
         lines += [f"start: {head}ANSWER", answer_rule, *rules]
         return "\n".join(lines) + "\n"
-    if mode == "auto" and stage != "next":
+    if mode == "auto" and stage not in ("next", "more"):
         lines.append(answer_rule)
     # a staged turn's first stage is the turn of one call, its block left open after it
-    turn = _next_rules(fmt) if stage == "next" else _turn_rules(fmt, mode, max_calls, head, closed=stage is None)
+    turn = (_next_rules(fmt, forced=stage == "more") if stage in ("next", "more")
+            else _turn_rules(fmt, mode, max_calls, head, closed=stage is None))
     lines += [*turn, *rules]
     names = []
     for i, t in enumerate(tools):
@@ -134,12 +138,13 @@ def _turn_rules(fmt: ToolFormat, mode: str, max_calls: int, head: str, closed: b
     return [start, f"calls: {block} {rest}"]
 
 
-def _next_rules(fmt: ToolFormat) -> list[str]:
-    """A staged turn's next stage: the block's end, or the separator and one more call."""
+def _next_rules(fmt: ToolFormat, forced: bool = False) -> list[str]:
+    """A staged turn's next stage: the block's end, or the separator and one more call
+    (``forced``: the separator and one more call)."""
     sep = lark_literal(fmt.separator)
     if fmt.list_style:
-        return [f"start: {lark_literal(']' + fmt.close)} | {sep} call"]
-    return [f"start: ({sep} {_wrapped(fmt)})?"]
+        return [f"start: {sep} call" if forced else f"start: {lark_literal(']' + fmt.close)} | {sep} call"]
+    return [f"start: {sep} {_wrapped(fmt)}" if forced else f"start: ({sep} {_wrapped(fmt)})?"]
 
 
 def _wrapped(fmt: ToolFormat) -> str:

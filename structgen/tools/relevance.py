@@ -7,13 +7,19 @@ much more likely the model finds each allowed tool's description *after the user
 question* than with no context at all -- the pointwise mutual information of question and
 tool, per token::
 
-    relevance(tool) = mean log p(TOOL | QUERY) - mean log p(TOOL | start of text)
+    gain(tool) = mean log p(TOOL | QUERY) - mean log p(TOOL | start of text)
 
 with ``QUERY = "Question: <the last user message>\\n"`` and ``TOOL = "Function: <name>:
 <description>"`` (:data:`QUERY`, :data:`TOOL`). It is ``select``'s
 ``unconditional_likelihood_normalized`` score, so any backend that scores ``select`` by
 prompt log-probabilities serves it (one :class:`RelevanceRequest`, a ``select`` with
-``need_unconditional``). The turn's relevance is the best tool's:
+``need_unconditional``). The small model's gain is still a weak signal, so a tool's
+relevance adds how many of the tool's own words the question uses
+(:mod:`structgen.tools.lexical`, computed when the request is built)::
+
+    relevance(tool) = MODEL_WEIGHT * gain(tool) + lexical(tool)
+
+The turn's relevance is the best tool's:
 
 * at least ``relevance_threshold`` (:data:`DEFAULT_RELEVANCE_THRESHOLD`, or
   ``tool_choice={"mode": "auto", "relevance_threshold": r}``): the turn calls -- it is
@@ -27,7 +33,8 @@ prompt log-probabilities serves it (one :class:`RelevanceRequest`, a ``select`` 
 
 It decides a turn that answers a user message; a turn after tool results (the model reads
 them, then answers or calls again) keeps the call-probability probe. The score is in the
-gen's meta (``tool_relevance``); ``relevance_threshold=None`` turns it off. Either way the
+gen's meta (``tool_relevance``; each allowed tool's two parts in ``tool_scores``);
+``relevance_threshold=None`` turns the decision off. Either way the
 grammar is the constraint: every call that is made is valid.
 """
 
@@ -40,21 +47,29 @@ from dataclasses import dataclass
 from structgen.contract.backend import Message, SelectRequest, SelectResult
 from structgen.lang.choices import unconditional_likelihood_normalized
 from structgen.tools.decision import as_answer
+from structgen.tools.lexical import lexical_scores
 from structgen.tools.spec import ToolCallSpec
 
-__all__ = ["DEFAULT_RELEVANCE_THRESHOLD", "QUERY", "TOOL", "RelevanceRequest", "decide_relevance",
-           "relevance_query", "relevance_request", "relevance_scores"]
+__all__ = ["DEFAULT_RELEVANCE_THRESHOLD", "MODEL_WEIGHT", "QUERY", "TOOL", "RelevanceRequest", "combined",
+           "decide_relevance", "relevance_query", "relevance_request", "relevance_scores"]
 
-#: the relevance at or above which ``auto`` commits to a call, in nats per token: calibrated
-#: for SmolLM2-135M-Instruct with the grounding threshold (:mod:`structgen.tools.grounding`)
-#: by ``bench/bfcl_calibrate.py --signal joint`` on BFCL records 100-139 of each category
-#: (disjoint from those ``bench/bfcl.py`` scores): the pair that abstains on every irrelevant
-#: question there -- ``bench/bfcl.py``'s goal is an irrelevance accuracy no lower than the
-#: unconstrained model's, which never calls -- and calls the most (0.569 of the call
-#: categories; relevance alone abstains on all at 1.228 and calls on 0.500). Relevance
-#: alone, calibrated for balanced accuracy, was 0.992 (call 0.731, abstain 0.875; the call
-#: probability's best balance was 0.650); other models should calibrate their own
-DEFAULT_RELEVANCE_THRESHOLD = 0.967
+#: the relevance at or above which ``auto`` commits to a call (``MODEL_WEIGHT`` times nats
+#: per token, plus words): calibrated for SmolLM2-135M-Instruct with the grounding threshold
+#: (:mod:`structgen.tools.grounding`) by ``bench/bfcl_calibrate.py --signal joint`` on BFCL
+#: records 100-139 of each category (disjoint from those ``bench/bfcl.py`` scores): of the
+#: pairs that abstain on every irrelevant question there -- ``bench/bfcl.py``'s goal is an
+#: irrelevance accuracy no lower than the unconstrained model's, which never calls -- the one
+#: whose kept calls are right the most (accuracy 0.169, calling on 0.762 of the call
+#: categories; relevance alone abstains on all at 2.748: accuracy 0.144, call rate 0.769).
+#: The model's gain alone (before the lexical count) abstained on all at 1.228 and called on
+#: 0.500; other models should calibrate their own
+DEFAULT_RELEVANCE_THRESHOLD = 1.838
+#: the weight of the model's gain (nats per token) against the lexical count (words the
+#: question shares with the tool, :mod:`structgen.tools.lexical`) in a tool's relevance.
+#: Chosen with :data:`~structgen.tools.lexical.DESCRIPTION_WEIGHT` from a small grid
+#: (0, 0.5, 1, 2 here; 0-6 there) on stored committed calls of both BFCL slices, so unlike
+#: the thresholds these two were not chosen on the calibration slice alone
+MODEL_WEIGHT = 0.5
 #: the context the tools are scored after
 QUERY = "Question: {query}\n"
 #: one tool's scored text
@@ -64,7 +79,10 @@ TOOL = "Function: {name}: {description}"
 @dataclass(frozen=True)
 class RelevanceRequest(SelectRequest):
     """A tool turn's relevance scoring: a ``select`` over the allowed tools' texts
-    (:data:`TOOL`) after the question (:data:`QUERY`), with unconditional scores."""
+    (:data:`TOOL`) after the question (:data:`QUERY`), with unconditional scores;
+    ``lexical``: each allowed tool's words the question uses (:mod:`structgen.tools.lexical`)."""
+
+    lexical: tuple[float, ...] = ()
 
 
 def relevance_query(messages: Sequence[Message]) -> str | None:
@@ -84,7 +102,8 @@ def relevance_request(spec: ToolCallSpec, query: str, **fields: object) -> Relev
     texts = tuple(TOOL.format(name=t.name, description=" ".join((t.description or "").split()))
                   for t in spec.allowed_tools)
     return RelevanceRequest(prompt=QUERY.format(query=" ".join(query.split())), choices=texts,
-                            need_unconditional=True, **fields)  # type: ignore[arg-type]
+                            need_unconditional=True, lexical=tuple(lexical_scores(query, spec.allowed_tools)),
+                            **fields)  # type: ignore[arg-type]
 
 
 def relevance_scores(result: SelectResult) -> list[float]:
@@ -100,16 +119,26 @@ def relevance_scores(result: SelectResult) -> list[float]:
     return list(decision.meta_info["normalized_unconditional_prompt_logprobs"])
 
 
+def combined(model: float, lexical: float) -> float:
+    """One tool's relevance: :data:`MODEL_WEIGHT` times the model's gain plus the lexical count."""
+    return MODEL_WEIGHT * model + lexical
+
+
 def decide_relevance(spec: ToolCallSpec, scores: Sequence[float],
-                     committed: Callable[[], ToolCallSpec] | None = None) -> ToolCallSpec:
+                     committed: Callable[[], ToolCallSpec] | None = None,
+                     lexical: Sequence[float] = ()) -> ToolCallSpec:
     """The turn's spec once its relevance is known: a call (``committed()``, the turn with a
-    call forced among the allowed tools; without it, ``spec``'s call block), or a plain answer."""
-    best = max(scores, default=float("-inf"))
+    call forced among the allowed tools; without it, ``spec``'s call block), or a plain answer.
+    ``scores``: the model's gain per allowed tool; ``lexical``: their lexical counts (none: 0)."""
+    if lexical and len(lexical) != len(scores):
+        raise ValueError(f"{len(scores)} relevance scores and {len(lexical)} lexical counts")
+    parts = tuple(zip(scores, lexical or [0.0] * len(scores), strict=True))
+    best = max((combined(m, x) for m, x in parts), default=float("-inf"))
     threshold = spec.relevance_threshold
     if threshold is None:
-        return dataclasses.replace(spec, call_threshold=None, relevance=best)
+        return dataclasses.replace(spec, call_threshold=None, relevance=best, relevance_parts=parts)
     if best >= threshold:
         called = spec if committed is None else committed()
         return dataclasses.replace(called, call_threshold=None, relevance_threshold=threshold, relevance=best,
-                                   grounding_threshold=spec.grounding_threshold)
-    return as_answer(spec, call_threshold=None, relevance=best, grounding_threshold=None)
+                                   relevance_parts=parts, grounding_threshold=spec.grounding_threshold)
+    return as_answer(spec, call_threshold=None, relevance=best, relevance_parts=parts, grounding_threshold=None)

@@ -15,9 +15,10 @@ and validates every call.
 
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
 answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
-"auto"|"required", "call_threshold": p, "relevance_threshold": r, "grounding_threshold": g}``
-(``p``: see :mod:`structgen.tools.decision`; ``r``: :mod:`structgen.tools.relevance`; ``g``:
-:mod:`structgen.tools.grounding`; ``None`` = off).
+"auto"|"required", "call_threshold": p, "relevance_threshold": r, "grounding_threshold": g,
+"coverage": c}`` (``p``: see :mod:`structgen.tools.decision`; ``r``: :mod:`structgen.tools.relevance`;
+``g``: :mod:`structgen.tools.grounding`; ``None`` = off; ``c``: True (the default) or False,
+:mod:`structgen.tools.coverage`).
 ``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
 :data:`MAX_PARALLEL`) or ``k`` (up to ``k``).
 """
@@ -62,7 +63,8 @@ def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tupl
             raise ProgramError(f"tool_choice {tool_choice!r} names no tool (tools: {list(names)})")
         return "required", (tool_choice,)
     if isinstance(tool_choice, Mapping):
-        if any(k in tool_choice for k in ("allowed", "call_threshold", "relevance_threshold", "grounding_threshold")):
+        if any(k in tool_choice for k in ("allowed", "call_threshold", "relevance_threshold", "grounding_threshold",
+                                          "coverage")):
             allowed = tuple(tool_choice.get("allowed", names))
             mode = str(tool_choice.get("mode", "auto"))
             if mode not in ("auto", "required"):
@@ -111,6 +113,17 @@ def choice_grounding(tool_choice: Any) -> Any:
     if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g <= 1):
         raise ProgramError(f"grounding_threshold must be a share in [0, 1] or None, not {g!r}")
     return None if g is None else float(g)
+
+
+def choice_coverage(tool_choice: Any) -> bool:
+    """Whether a staged parallel turn asks for calls until the user's numbers are covered
+    (:mod:`structgen.tools.coverage`; ``{"coverage": False}`` turns it off)."""
+    if not isinstance(tool_choice, Mapping) or "coverage" not in tool_choice:
+        return True
+    c = tool_choice["coverage"]
+    if not isinstance(c, bool):
+        raise ProgramError(f"coverage must be True or False, not {c!r}")
+    return c
 
 
 def normalize_parallel(parallel: Any) -> int:
@@ -166,6 +179,8 @@ class ToolCallSpec(GrammarSpec):
     relevance_threshold: float | None = None
     #: the turn's relevance (the best tool's), once the decision is made
     relevance: float | None = field(default=None, compare=False)
+    #: per allowed tool: (the model's gain, the lexical count) the relevance combines
+    relevance_parts: tuple[tuple[float, float], ...] | None = field(default=None, compare=False)
     #: a call committed to by relevance is withdrawn below this grounding
     #: (:mod:`structgen.tools.grounding`): None = off
     grounding_threshold: float | None = None
@@ -178,6 +193,9 @@ class ToolCallSpec(GrammarSpec):
     staged_budget: int | None = None
     #: the calls a staged turn can always make (the worst-case plan's ``k'``)
     staged_promise: int = 1
+    #: a staged parallel turn asks for one more call while the user's numbers are not all
+    #: used (:mod:`structgen.tools.coverage`)
+    coverage: bool = True
 
     def describe(self) -> str:
         return f"tool calls ({self.mode}, {self.format}, tools {list(self.allowed)}, up to {self.max_calls})"
@@ -250,7 +268,8 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
     return ToolCallSpec(grammar=grammar, tools=tuple(tools), tools_json=tools_json, format=fmt.name,
                         mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
                         call_threshold=threshold, relevance_threshold=relevance, grounding_threshold=grounding,
-                        staged_budget=max_tokens if staged else None, staged_promise=promised)
+                        staged_budget=max_tokens if staged else None, staged_promise=promised,
+                        coverage=choice_coverage(tool_choice))
 
 
 @dataclass(frozen=True)
@@ -270,6 +289,7 @@ class ToolRequest:
         choice_threshold(tool_choice)
         choice_relevance(tool_choice)
         choice_grounding(tool_choice)
+        choice_coverage(tool_choice)
         normalize_parallel(parallel)
         normalize_think(think)
         choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice
@@ -283,7 +303,10 @@ class ToolRequest:
         """The same turn with a call forced among its allowed tools: ``auto`` once its first
         decision (:mod:`structgen.tools.relevance`) chose to call."""
         _, allowed = normalize_choice(self.choice(), self.tools)
-        choice = json.dumps({"mode": "required", "allowed": list(allowed)}, sort_keys=True)
+        forced: dict[str, Any] = {"mode": "required", "allowed": list(allowed)}
+        if not choice_coverage(self.choice()):
+            forced["coverage"] = False
+        choice = json.dumps(forced, sort_keys=True)
         return dataclasses.replace(self, tool_choice=choice)
 
     def resolve(self, template: ChatTemplate | None, max_tokens: int | None = None) -> ToolCallSpec:

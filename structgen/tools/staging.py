@@ -86,17 +86,18 @@ def calls_written(spec: ToolCallSpec, text: str) -> int | None:
     return len(turn.calls) or None
 
 
-def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int) -> ToolCallSpec | None:
+def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int, force: bool = False) -> ToolCallSpec | None:
     """The spec of the stage after ``calls_done`` calls with ``remaining`` tokens left: the
-    block's end or one more call; None when no further call may be made (``k`` written, or
-    one more does not fit): the block's end, :func:`closing`, is then added as it is."""
+    block's end or one more call (``force``: one more call, :mod:`structgen.tools.coverage`);
+    None when no further call may be made (``k`` written, or one more does not fit): the
+    block's end, :func:`closing`, is then added as it is."""
     fmt, tools = spec.call_format, spec.allowed_tools
     if calls_done >= spec.max_calls or not tools:
         return None
     sep = len(fmt.separator)
     if remaining - 1 - block_chars(fmt) - sep < longest_call(fmt, tools, CALL_FLOOR, lean=True):
         return None
-    grammar = _stage_grammar(fmt, tools, spec.mode, max_tokens=remaining, stage="next",
+    grammar = _stage_grammar(fmt, tools, spec.mode, max_tokens=remaining, stage="more" if force else "next",
                              reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1))
     return dataclasses.replace(spec, grammar=grammar)
 
@@ -125,6 +126,19 @@ class Carry:
     per_token: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     counts: tuple[tuple[str, int], ...] = ()
     prompt_tokens: int | None = None
+    #: the turn before a stage that coverage asked for (:mod:`structgen.tools.coverage`):
+    #: what stands if that stage's call is dropped
+    before: Carry | None = None
+    #: the text of calls written and dropped (they added no coverage)
+    dropped: tuple[str, ...] = ()
+
+    def drop(self) -> Carry:
+        """The turn without the stage coverage asked for: its text and tokens dropped, its
+        compute counted."""
+        if self.before is None:
+            raise ValueError("no stage to drop")
+        return dataclasses.replace(self.before, counts=self.counts, stages=self.stages,
+                                   dropped=(*self.before.dropped, self.text[len(self.before.text):]))
 
     def add(self, text: str, meta: dict[str, Any]) -> Carry:
         joined = dict(self.per_token)
@@ -149,6 +163,8 @@ class Carry:
         out = dict(meta)
         out["completion_tokens"] = self.tokens
         out["tool_stages"] = self.stages
+        if self.dropped:
+            out["dropped_calls"] = list(self.dropped)
         for key, values in self.per_token:
             out[key] = list(values)
         out.update(self.counts)

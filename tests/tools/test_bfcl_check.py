@@ -86,22 +86,29 @@ def test_calibration_picks_the_best_balanced_threshold() -> None:
     assert best_threshold({"a": [0.2, 0.9]}, [-0.5, -0.1])[:2] == (0.2, 1.0)
 
 
-def test_joint_calibration_keeps_the_abstain_rate_and_calls_the_most() -> None:
+def test_joint_calibration_keeps_the_abstain_rate_and_is_right_the_most() -> None:
     import pytest
 
     from bench.bfcl_calibrate import best_pair, joint_rates
 
-    # (relevance, grounding); None = no value to check (always passes the grounding test)
-    calls = {"simple": [(1.2, 1.0), (0.8, 1.0), (1.5, 0.5)], "multiple": [(0.9, None), (0.3, 1.0)]}
-    abstain = [(1.4, 0.0), (0.85, 1.0), (0.2, None)]
+    # (relevance, grounding, the committed calls pass); None = no value to check (always passes)
+    calls = {"simple": [(1.2, 1.0, True), (0.8, 1.0, True), (1.5, 0.5, False)],
+             "multiple": [(0.9, None, True), (0.3, 1.0, False)]}
+    abstain = [(1.4, 0.0, False), (0.85, 1.0, False), (0.2, None, False)]
     # relevance >= 0.9 and grounding >= 0.5: simple 2/3 and multiple 1/2 call; (1.4, 0.0) fails
-    # the grounding, the others the relevance: all abstain
-    assert joint_rates(calls, abstain, 0.9, 0.5) == (pytest.approx(7 / 12), 1.0)
-    tr, tg, call_rate, abstain_rate = best_pair(calls, abstain, need=1.0)
-    # relevance alone must reach 1.5 to abstain on all (calls 1/6); a grounding test lets
-    # the relevance fall to 0.9, just above the irrelevant 0.85
-    assert (tr, tg) == (0.9, 0.5) and (call_rate, abstain_rate) == (pytest.approx(7 / 12), 1.0)
-    assert best_pair(calls, abstain, need=2 / 3)[2] > call_rate  # a looser goal calls more
+    # the grounding, the others the relevance: all abstain; right: simple 1/3, multiple 1/2
+    assert joint_rates(calls, abstain, 0.9, 0.5) == (pytest.approx(7 / 12), 1.0, pytest.approx(5 / 12))
+    tr, tg, accuracy, call_rate, abstain_rate = best_pair(calls, abstain, need=1.0)
+    # relevance alone must reach 1.5 to abstain on all (calls 1/6, none right); a grounding test
+    # lets the relevance fall to 0.9, just above the irrelevant 0.85
+    assert (tr, tg) == (0.9, 0.5) and (accuracy, call_rate, abstain_rate) == (
+        pytest.approx(5 / 12), pytest.approx(7 / 12), 1.0)
+    assert best_pair(calls, abstain, need=2 / 3)[3] > call_rate  # a looser goal calls more
     # one grounding threshold only (the calibration's table rows): 0 is relevance alone
-    assert best_pair(calls, abstain, need=1.0, groundings=[0.0]) == (1.5, 0.0, pytest.approx(1 / 6), 1.0)
-    assert best_pair({"a": [(1.0, 1.0)]}, [(1.0, 1.0)], need=1.0) is None  # no seen pair abstains: reported
+    assert best_pair(calls, abstain, need=1.0, groundings=[0.0]) == (1.5, 0.0, 0.0, pytest.approx(1 / 6), 1.0)
+    # accuracy first: (0.97, 0) calls on 3 of 4 but 1 rightly; (0.9, 1.0) calls on 2, both right
+    mixed = {"simple": [(1.0, 1.0, True), (1.0, 0.2, False), (0.97, 0.1, False), (0.9, 1.0, True)]}
+    assert joint_rates(mixed, [(0.95, 0.3, False)], 0.97, 0.0) == (0.75, 1.0, 0.25)
+    assert best_pair(mixed, [(0.95, 0.3, False)], need=1.0) == (0.9, 1.0, 0.5, 0.5, 1.0)
+    # no seen pair abstains: reported
+    assert best_pair({"a": [(1.0, 1.0, True)]}, [(1.0, 1.0, False)], need=1.0) is None

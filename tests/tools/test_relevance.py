@@ -18,9 +18,11 @@ from structgen.errors import ProgramError
 from structgen.tools.formats import FORMATS, INJECTED
 from structgen.tools.relevance import (
     DEFAULT_RELEVANCE_THRESHOLD,
+    MODEL_WEIGHT,
     QUERY,
     TOOL,
     RelevanceRequest,
+    combined,
     decide_relevance,
     relevance_query,
     relevance_scores,
@@ -57,18 +59,20 @@ def test_scores_are_the_mean_gain_per_token_and_decide_the_turn():
     with pytest.raises(ValueError):
         relevance_scores(SelectResult(input_token_logprobs=[[-1.0]], unconditional_token_logprobs=[]))
     spec = build_spec(TOOLS, INJECTED)
-    called = decide_relevance(spec, [2.0, 0.0])  # nothing to commit to: the call block as it is
-    assert called.mode == "auto" and called.relevance == 2.0 and called.call_threshold is None
-    assert called.grammar == spec.grammar
+    hi = (spec.relevance_threshold + 0.1) / MODEL_WEIGHT  # a gain whose relevance reaches the threshold
+    called = decide_relevance(spec, [hi, 0.0])  # nothing to commit to: the call block as it is
+    assert called.mode == "auto" and called.relevance == pytest.approx(combined(hi, 0.0))
+    assert called.call_threshold is None and called.grammar == spec.grammar
     forced = build_spec(TOOLS, INJECTED, tool_choice={"mode": "required", "allowed": ["add", "weather"]})
-    committed = decide_relevance(spec, [2.0, 0.0], committed=lambda: forced)
+    committed = decide_relevance(spec, [hi, 0.0], committed=lambda: forced)
     assert committed.mode == "required" and committed.grammar == forced.grammar != spec.grammar
-    assert committed.relevance == 2.0 and committed.relevance_threshold == spec.relevance_threshold
+    assert committed.relevance == called.relevance and committed.relevance_threshold == spec.relevance_threshold
     with pytest.raises(sg.OutputValidationError):  # the forced grammar's check: a call, not an answer
         committed.validate_output("<tool_call>[]</tool_call>Five.")
     assert [c.name for c in committed.validate_output(CALL).calls] == ["add"]
     assert decide_relevance(spec, [0.5], committed=lambda: forced).mode == "none"  # below: not committed
-    answered = decide_relevance(spec, [0.0, spec.relevance_threshold - 0.01])
+    lo = (spec.relevance_threshold - 0.01) / MODEL_WEIGHT
+    answered = decide_relevance(spec, [0.0, lo])
     assert answered.mode == "none" and answered.relevance == pytest.approx(spec.relevance_threshold - 0.01)
     with pytest.raises(sg.OutputValidationError):  # the answer grammar's check: no call
         answered.validate_output(CALL)
@@ -90,7 +94,7 @@ def test_the_threshold_is_set_for_auto_in_the_injected_format_only():
             sg.gen("t", tools=TOOLS, tool_choice={"mode": "auto", "relevance_threshold": bad})
 
 
-@pytest.mark.parametrize("gain, expect_call", [(3.0, True), (0.5, False)])
+@pytest.mark.parametrize("gain, expect_call", [(5.0, True), (0.5, False)])
 def test_one_scoring_select_then_the_decided_grammar(gain, expect_call):
     def selector(req):  # the first tool ("add") gains `gain` nats per token, the other none
         return [[-1.0 + (gain if i == 0 else 0.0)] * 3 for i in range(len(req.choices))]
@@ -107,7 +111,8 @@ def test_one_scoring_select_then_the_decided_grammar(gain, expect_call):
     assert isinstance(second, GenerateRequest) and second.constraint.mode == ("required" if expect_call else "none")
     assert second.params.max_new_tokens == 48
     meta = st.get_meta_info("turn")
-    assert meta["tool_relevance"] == pytest.approx(gain - 0.5)  # (-1 + gain) - (-0.5), the fake's unconditional
+    # the gain: (-1 + gain) - (-0.5), the fake's unconditional; the question shares no word with a tool
+    assert meta["tool_relevance"] == pytest.approx(combined(gain - 0.5, 0.0))
     assert [c.name for c in st.tool_calls("turn")] == (["add"] if expect_call else [])
     assert st.text().count("What is  2 + 3?") == 1 and "Function:" not in st.text()  # scoring adds no text
 
@@ -136,7 +141,8 @@ def test_each_run_of_a_batch_scores_its_own_question():
     for q, st in zip(questions, states, strict=True):
         st.raise_if_failed()
         prompt = QUERY.format(query=q)
-        assert st.get_meta_info("turn")["tool_relevance"] == pytest.approx(-29.5 + len(prompt)) and st["turn"] == "ok"
+        assert st.get_meta_info("turn")["tool_relevance"] == pytest.approx(combined(-29.5 + len(prompt), 0.0))
+        assert st["turn"] == "ok"
     scorings = [r for r in fb.requests if isinstance(r, RelevanceRequest)]
     assert sorted(r.prompt for r in scorings) == sorted(QUERY.format(query=q) for q in questions)
     assert len(fb.requests) == 8  # one scoring and one generation per run

@@ -77,27 +77,36 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
         interp.resend(replace(pending, request=request, hold=node.retries > 0))
         return
     meta = dict(result.meta)
+    finish = result.finish_reason
     if getattr(constraint, "staged_budget", None) is not None:  # a tool turn written call by call
         from structgen.tools.staging import Carry, calls_written, next_stage
 
         carry = (pending.carry or Carry(first=pending.request)).add(text, meta)
-        done = calls_written(constraint, carry.text) if result.finish_reason == "stop" else None
-        if done is not None and done > carry.calls:  # this stage wrote a call: the block's end or one more
+        done = calls_written(constraint, carry.text) if finish == "stop" else None
+        question = _coverage_question(constraint, carry)
+        dropped = carry.before is not None and not _covers(constraint, carry, done, question)
+        if dropped:  # the call coverage asked for added none: the block ends before it
+            carry, finish = carry.drop().closed(constraint), "stop"
+        elif done is not None and done > carry.calls:  # this stage wrote a call: the block's end or one more
             left = constraint.staged_budget - carry.tokens
-            stage = next_stage(constraint, remaining=left, calls_done=done)
+            force = question is not None and bool(_uncovered(constraint, carry, question))
+            stage = next_stage(constraint, remaining=left, calls_done=done, force=force)
             if stage is not None:
                 req: GenerateRequest = pending.request
                 request = replace(req, prompt=req.prompt + text, params=replace(req.params, max_new_tokens=left),
                                   constraint=stage, messages=_continued(req.messages, text))
-                interp.resend(replace(pending, request=request, carry=replace(carry, calls=done)))
+                after = replace(carry, calls=done, before=None)
+                # a stage coverage asks for may be dropped: from there the turn is held, not streamed
+                interp.resend(replace(pending, request=request, hold=pending.hold or force,
+                                      carry=replace(after, before=after) if force else after))
                 return
             carry = carry.closed(constraint)  # no further call fits: the block ends here
         text, meta = carry.text, carry.meta(meta)
-    meta.setdefault("finish_reason", result.finish_reason)
+    meta.setdefault("finish_reason", finish)
     if constraint is None:  # free text (the common case: nothing to check)
         value: Any = text
     else:
-        truncated = result.finish_reason == "length"
+        truncated = finish == "length"
         try:
             value = typed_value(node, text, truncated=truncated, constraint=constraint)
         except Exception as exc:
@@ -114,6 +123,41 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
     if pending.attempt:
         meta["attempts"] = pending.attempt + 1
     interp.record(pending.name, text, value, meta, streamed=pending.streamed)
+
+
+def _coverage_question(constraint: Any, carry: Any) -> str | None:
+    """The user message a staged parallel turn's calls should cover (:mod:`structgen.tools.coverage`),
+    or None where coverage does not apply (off, one call, after tool results)."""
+    if not getattr(constraint, "coverage", False) or constraint.max_calls < 2:
+        return None
+    from structgen.tools.relevance import relevance_query
+
+    return relevance_query(carry.first.messages)
+
+
+def _turn_calls(constraint: Any, text: str) -> list[Any]:
+    from structgen.tools.staging import closing
+
+    try:
+        return list(constraint.validate_output(text + closing(constraint)).calls)
+    except Exception:  # cut inside a call: none whole
+        return []
+
+
+def _uncovered(constraint: Any, carry: Any, question: str) -> set[float]:
+    from structgen.tools.coverage import uncovered
+
+    return uncovered(question, _turn_calls(constraint, carry.text))
+
+
+def _covers(constraint: Any, carry: Any, done: int | None, question: str | None) -> bool:
+    """Whether the call a coverage stage wrote stands: whole, new, and using an uncovered number."""
+    if done is None or done <= carry.before.calls or question is None:
+        return False
+    from structgen.tools.coverage import adds_coverage
+
+    calls = _turn_calls(constraint, carry.text)
+    return bool(calls) and adds_coverage(question, calls[:-1], calls[-1])
 
 
 def _continued(messages: tuple[Message, ...], text: str) -> tuple[Message, ...]:
@@ -157,6 +201,9 @@ def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> 
         meta["call_probability"] = constraint.call_probability
     if getattr(constraint, "relevance", None) is not None:
         meta["tool_relevance"] = constraint.relevance
+        parts = getattr(constraint, "relevance_parts", None) or ()
+        meta["tool_scores"] = [{"name": t.name, "model": m, "lexical": x}
+                               for t, (m, x) in zip(constraint.allowed_tools, parts, strict=False)]
     if getattr(constraint, "declined_calls", None) is not None:  # withdrawn for their grounding
         meta["tool_grounding"], meta["declined_calls"] = constraint.grounding, constraint.declined_calls
     calls = getattr(value, "calls", None)

@@ -1,0 +1,105 @@
+"""A parallel turn's coverage: the numbers the user gave that no call has used yet.
+
+A small model asked for "the factorial of 5, 10 and 15" with parallel calls allowed writes
+``factorial(5)`` and closes the block: after each call its choice between the block's end
+and one more call is its own weak call-or-stop decision (on BFCL's parallel questions the
+135M model stops after the first call on nearly all of them). The question itself says
+more is owed: it holds numbers no call has used. So a staged parallel turn
+(:mod:`structgen.tools.staging`) that still has *uncovered* numbers after a call is not
+offered the block's end: its next stage writes one more call. That call stands only when
+it repeats no earlier call and uses something of the question the earlier calls did not
+(an uncovered number, or a string of the question none of them holds: "Maroon 5" after
+"Taylor Swift"); otherwise it is dropped (kept in the gen's meta as ``dropped_calls``) and
+the block ends where it was.
+The model still chooses every value; the rule only decides whether one more call is
+asked for, and the grammar holds every call to its schema.
+
+The numbers are those written in the last user message (digit groups such as ``1,200``
+read as ``1200``; a digit right after a letter, as in ``HbA1c``, is part of a name, not a
+number), compared by value, sign aside. A call uses a number when an argument is that
+number, or a string argument contains it. Turns with ``parallel_tool_calls`` of 1, turns
+after tool results and turns written in one request (a template's native format) are not
+affected. ``tool_choice={"coverage": False}`` turns it off.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from structgen.grounding import normalize
+from structgen.tools.calls import ToolCall
+
+__all__ = ["adds_coverage", "call_numbers", "question_numbers", "uncovered"]
+
+#: a number as a user writes it: a digit run not glued to a preceding letter (``HbA1c``, ``COVID19``)
+_NUMBER = re.compile(r"(?<![^\W_])\d+(?:\.\d+)?")
+_DIGIT_GROUP = re.compile(r"(?<=\d)[,\u00a0\u202f' ](?=\d{3}(?!\d))")
+
+
+def _values(text: str) -> set[float]:
+    return {round(float(m), 9) for m in _NUMBER.findall(_DIGIT_GROUP.sub("", normalize(text)))}
+
+
+def question_numbers(question: str) -> set[float]:
+    """The numbers written in ``question``, by value (sign aside)."""
+    return _values(question)
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, Mapping):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def call_numbers(call: ToolCall) -> set[float]:
+    """The numbers one call uses: its numeric arguments and the numbers in its strings."""
+    out: set[float] = set()
+    for leaf in _leaves(call.raw_arguments):
+        if isinstance(leaf, bool) or leaf is None:
+            continue
+        if isinstance(leaf, (int, float)) and math.isfinite(leaf):
+            out.add(round(abs(float(leaf)), 9))
+        elif isinstance(leaf, str):
+            out |= _values(leaf)
+    return out
+
+
+def uncovered(question: str, calls: Sequence[ToolCall]) -> set[float]:
+    """The question's numbers that none of ``calls`` uses."""
+    used: set[float] = set()
+    for call in calls:
+        used |= call_numbers(call)
+    return question_numbers(question) - used
+
+
+def _strings(call: ToolCall, question: str) -> set[str]:
+    """The call's string values that occur in ``question`` (normalised)."""
+    src = normalize(question)
+    out = set()
+    for leaf in _leaves(call.raw_arguments):
+        if isinstance(leaf, str):
+            text = normalize(leaf).strip()
+            if text and text in src:
+                out.add(text)
+    return out
+
+
+def adds_coverage(question: str, earlier: Sequence[ToolCall], new: ToolCall) -> bool:
+    """Whether ``new`` repeats none of ``earlier`` and uses something of the question they
+    did not: a number they left uncovered, or a string of the question none of them holds."""
+    if any(c.key() == new.key() for c in earlier):
+        return False
+    if uncovered(question, earlier) & call_numbers(new):
+        return True
+    used: set[str] = set()
+    for c in earlier:
+        used |= _strings(c, question)
+    return bool(_strings(new, question) - used)
