@@ -15,7 +15,10 @@ block's end, or the separator and one more call, bounded to what is left. The ch
 another call is offered only while one more call fits at :data:`CALL_FLOOR` (its optional
 arguments left out) and ``k`` calls are not written; else the block's end is added without
 a request (it is fixed text). Every call is planned as the single call of the tokens left,
-so the turn closes within ``max_tokens`` whatever the model writes. The joined text is
+so the turn closes within ``max_tokens`` whatever the model writes. While the question
+holds numbers no call has used, the next stage offers no end: it writes one more call, which
+stands only if it adds coverage (:mod:`structgen.tools.coverage`; otherwise it is dropped,
+:meth:`Carry.drop`, and the block ends before it). The joined text is
 validated as one turn; its meta sums the stages' tokens (``completion_tokens``, and the
 backend's ``cached_tokens`` / ``computed_tokens`` / ``forced_tokens``: each stage reads the
 turn so far again, from the cache), keeps the first stage's ``prompt_tokens`` and counts

@@ -15,7 +15,7 @@ import structgen as sg
 from structgen.backends.fake import FakeBackend
 from structgen.contract.backend import Capabilities
 from structgen.tools.formats import INJECTED
-from structgen.tools.lexical import DESCRIPTION_WEIGHT, STOPWORDS, lexical_score, lexical_scores, words
+from structgen.tools.lexical import DESCRIPTION_WEIGHT, STOPWORDS, lexical_score, lexical_scores, same_word, words
 from structgen.tools.relevance import MODEL_WEIGHT, RelevanceRequest, combined, decide_relevance
 from structgen.tools.spec import build_spec
 
@@ -45,9 +45,26 @@ def test_words_split_identifiers_drop_function_words_and_cut_endings():
     assert words("计算 450 的质因数") == frozenset()  # no ASCII words: the model's signal decides
 
 
+def test_forms_of_one_word_match_without_a_stemmer():
+    assert same_word("hypot", "hypotenuse") and same_word("hypotenuse", "hypot")  # one begins the other
+    assert same_word(*sorted(words("pythagoras pythagorean")))  # a long shared beginning
+    assert not same_word("pyt", "python") and not same_word("international", "internet")
+    assert not same_word("weather", "whether")
+    q = words("Compute the Pythagorean theorem")
+    assert lexical_score(q, _tool("math.pythagoras", "")) == 1.0  # the name's "pythagora" is used
+
+
+def _tool(name: str, description: str) -> sg.Tool:
+    from structgen.tools import as_tool
+
+    return as_tool({"type": "function", "function": {"name": name.replace(".", "_"), "description": description,
+                                                     "parameters": {"type": "object", "properties": {}}}})
+
+
 def test_the_count_is_name_hits_plus_the_weighted_description_share():
     q = words("What are the prime factors of 450?")
-    desc = words(get_prime_factors.description)  # {returns→return, prime, factor, positive, integer}
+    desc = words(get_prime_factors.description)  # {prime, factor, positive, integer}
+    assert desc == {"prime", "factor", "positive", "integer"}
     assert lexical_score(q, get_prime_factors) == pytest.approx(2 + DESCRIPTION_WEIGHT * 2 / len(desc))
     assert lexical_score(q, flightBook) == 0.0
     assert lexical_scores("Book a flight to Oslo", TOOLS) == [
