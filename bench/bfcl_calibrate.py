@@ -1,6 +1,6 @@
 """Calibrate ``tool_choice="auto"``'s first decision on a BFCL slice the benchmark does not score.
 
-    python bench/bfcl_calibrate.py [DIR] [--offset 100] [--limit 40] [--categories a,b]
+    python bench/bfcl_calibrate.py [DIR] [--offset 100] [--limit 80] [--categories a,b]
                                    [--signal relevance|probe|joint] [--abstain 1.0]
 
 ``auto`` in the injected format first scores the turn; below a threshold the turn is a
@@ -152,7 +152,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", nargs="?", default=str(default_dir()))
     ap.add_argument("--offset", type=int, default=100)
-    ap.add_argument("--limit", type=int, default=40)
+    ap.add_argument("--limit", type=int, default=80)
     ap.add_argument("--categories", default=None)
     ap.add_argument("--signal", choices=[*sorted(SIGNALS), "joint"], default="relevance")
     ap.add_argument("--abstain", type=float, default=1.0, help="joint: the irrelevance abstain rate to keep")
