@@ -23,13 +23,15 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["Source", "normalize"]
+__all__ = ["DIGIT_GROUP", "Source", "leaves", "normalize"]
 
 _SPACE = re.compile(r"\s+")
 _PUNCT = " \t\n\"'`.,;:!?()[]{}<>«»“”‘’。，、；：！？（）【】"
-_DIGIT_GROUP = re.compile(r"(?<=\d)[,\u00a0\u202f' ](?=\d{3}(?!\d))")
+#: a digit-group separator (``1,200``, ``1 200``): removed before numbers are read
+DIGIT_GROUP = re.compile(r"(?<=\d)[,\u00a0\u202f' ](?=\d{3}(?!\d))")
 
 
 def normalize(text: str) -> str:
@@ -44,12 +46,24 @@ def _numbers(text: str) -> set[float]:
     return {round(float(m), 9) for m in _NUMBER.findall(text)}
 
 
+def leaves(value: Any) -> Iterator[Any]:
+    """The scalar values inside a JSON value (objects' values and arrays' items, depth first)."""
+    if isinstance(value, Mapping):
+        for v in value.values():
+            yield from leaves(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from leaves(v)
+    else:
+        yield value
+
+
 class Source:
     """A source text, normalised once, asked about many values."""
 
     def __init__(self, text: str) -> None:
         self.text = normalize(text)
-        self._numbers = _numbers(_DIGIT_GROUP.sub("", self.text))
+        self._numbers = _numbers(DIGIT_GROUP.sub("", self.text))
 
     def grounded(self, value: Any) -> bool | None:
         """Whether ``value`` occurs in the source; None where the question does not apply."""

@@ -26,21 +26,19 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from structgen.grounding import normalize
+from structgen.grounding import DIGIT_GROUP, leaves, normalize
 from structgen.tools.calls import ToolCall
 
 __all__ = ["adds_coverage", "call_numbers", "question_numbers", "uncovered"]
 
 #: a number as a user writes it: a digit run not glued to a preceding letter (``HbA1c``, ``COVID19``)
 _NUMBER = re.compile(r"(?<![^\W_])\d+(?:\.\d+)?")
-_DIGIT_GROUP = re.compile(r"(?<=\d)[,\u00a0\u202f' ](?=\d{3}(?!\d))")
 
 
 def _values(text: str) -> set[float]:
-    return {round(float(m), 9) for m in _NUMBER.findall(_DIGIT_GROUP.sub("", normalize(text)))}
+    return {round(float(m), 9) for m in _NUMBER.findall(DIGIT_GROUP.sub("", normalize(text)))}
 
 
 def question_numbers(question: str) -> set[float]:
@@ -48,21 +46,10 @@ def question_numbers(question: str) -> set[float]:
     return _values(question)
 
 
-def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, Mapping):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _leaves(v)
-    else:
-        yield value
-
-
 def call_numbers(call: ToolCall) -> set[float]:
     """The numbers one call uses: its numeric arguments and the numbers in its strings."""
     out: set[float] = set()
-    for leaf in _leaves(call.raw_arguments):
+    for leaf in leaves(call.raw_arguments):
         if isinstance(leaf, bool) or leaf is None:
             continue
         if isinstance(leaf, (int, float)) and math.isfinite(leaf):
@@ -84,7 +71,7 @@ def _strings(call: ToolCall, question: str) -> set[str]:
     """The call's string values that occur in ``question`` (normalised)."""
     src = normalize(question)
     out = set()
-    for leaf in _leaves(call.raw_arguments):
+    for leaf in leaves(call.raw_arguments):
         if isinstance(leaf, str):
             text = normalize(leaf).strip()
             if text and text in src:

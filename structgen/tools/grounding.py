@@ -26,11 +26,11 @@ turns the check off. A turn checked this way is not streamed until the check pas
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from structgen.contract.backend import Message
-from structgen.grounding import Source, normalize
+from structgen.grounding import Source, leaves, normalize
 from structgen.tools.calls import ToolCall
 from structgen.tools.definition import Tool
 
@@ -53,17 +53,6 @@ def grounding_source(messages: Sequence[Message]) -> str:
     return "\n".join(m.content for m in messages if m.role in ("user", "tool") and isinstance(m.content, str))
 
 
-def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, Mapping):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _leaves(v)
-    else:
-        yield value
-
-
 def _key(value: Any) -> Any:
     """How a leaf value is compared with the schema's own values."""
     if isinstance(value, bool) or value is None:
@@ -84,7 +73,7 @@ def schema_values(schema: Any) -> set[Any]:
         if isinstance(node, Mapping):
             for k, v in node.items():
                 if k in _SCHEMA_VALUE_KEYS:
-                    for leaf in _leaves(v if k == "enum" else [v]):
+                    for leaf in leaves(v if k == "enum" else [v]):
                         key = _key(leaf)
                         if key is not None and not isinstance(key, bool):
                             found.add(key)
@@ -109,7 +98,7 @@ def call_grounding(calls: Sequence[ToolCall], tools: Sequence[Tool], source: str
     grounded = counted = 0
     for call in calls:
         own = offered.get(call.name, set())
-        for leaf in _leaves(call.raw_arguments):
+        for leaf in leaves(call.raw_arguments):
             if _key(leaf) in own:
                 continue
             hit = src.grounded(leaf)
