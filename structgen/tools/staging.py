@@ -38,9 +38,10 @@ from structgen.tools.formats import ToolFormat
 from structgen.tools.grammar import tool_grammar
 
 if TYPE_CHECKING:
+    from structgen.tools.calls import ToolCall
     from structgen.tools.spec import ToolCallSpec
 
-__all__ = ["Carry", "calls_written", "closing", "first_stage", "next_stage", "stage_tokens"]
+__all__ = ["Carry", "calls_written", "closing", "first_stage", "next_stage", "stage_tokens", "written_calls"]
 
 
 def _reserve(fmt: ToolFormat, tools: Sequence[Tool], calls: int) -> int:
@@ -73,7 +74,7 @@ def closing(spec: ToolCallSpec) -> str:
     return "]" + fmt.close if fmt.list_style else ""
 
 
-def calls_written(spec: ToolCallSpec, text: str) -> int | None:
+def written_calls(spec: ToolCallSpec, text: str) -> list[ToolCall] | None:
     """The calls in ``text``, a staged turn so far, when the turn may go on after them
     (the block is open after a whole call); None when the turn is over (an answer, the
     block closed) -- or cut, which the turn's validation reports."""
@@ -86,7 +87,13 @@ def calls_written(spec: ToolCallSpec, text: str) -> int | None:
         turn = spec.validate_output(text + end)
     except Exception:  # cut inside a call, or an answer
         return None
-    return len(turn.calls) or None
+    return list(turn.calls) or None
+
+
+def calls_written(spec: ToolCallSpec, text: str) -> int | None:
+    """How many :func:`written_calls` there are (None where there are none)."""
+    calls = written_calls(spec, text)
+    return len(calls) if calls else None
 
 
 def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int, force: bool = False) -> ToolCallSpec | None:

@@ -79,17 +79,19 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
     meta = dict(result.meta)
     finish = result.finish_reason
     if getattr(constraint, "staged_budget", None) is not None:  # a tool turn written call by call
-        from structgen.tools.staging import Carry, calls_written, next_stage
+        from structgen.tools.staging import Carry, next_stage, written_calls
 
         carry = (pending.carry or Carry(first=pending.request)).add(text, meta)
-        done = calls_written(constraint, carry.text) if finish == "stop" else None
+        written = written_calls(constraint, carry.text) if finish == "stop" else None  # parsed once per stage
         question = _coverage_question(constraint, carry)
-        dropped = carry.before is not None and not _covers(constraint, carry, done, question)
+        dropped = carry.before is not None and not _covers(carry, written, question)
         if dropped:  # the call coverage asked for added none: the block ends before it
             carry, finish = carry.drop().closed(constraint), "stop"
-        elif done is not None and done > carry.calls:  # this stage wrote a call: the block's end or one more
-            left = constraint.staged_budget - carry.tokens
-            force = question is not None and bool(_uncovered(constraint, carry, question))
+        elif written and len(written) > carry.calls:  # this stage wrote a call: the block's end or one more
+            from structgen.tools.coverage import uncovered
+
+            done, left = len(written), constraint.staged_budget - carry.tokens
+            force = question is not None and bool(uncovered(question, written))
             stage = next_stage(constraint, remaining=left, calls_done=done, force=force)
             if stage is not None:
                 req: GenerateRequest = pending.request
@@ -135,29 +137,13 @@ def _coverage_question(constraint: Any, carry: Any) -> str | None:
     return relevance_query(carry.first.messages)
 
 
-def _turn_calls(constraint: Any, text: str) -> list[Any]:
-    from structgen.tools.staging import closing
-
-    try:
-        return list(constraint.validate_output(text + closing(constraint)).calls)
-    except Exception:  # cut inside a call: none whole
-        return []
-
-
-def _uncovered(constraint: Any, carry: Any, question: str) -> set[float]:
-    from structgen.tools.coverage import uncovered
-
-    return uncovered(question, _turn_calls(constraint, carry.text))
-
-
-def _covers(constraint: Any, carry: Any, done: int | None, question: str | None) -> bool:
-    """Whether the call a coverage stage wrote stands: whole, new, and using an uncovered number."""
-    if done is None or done <= carry.before.calls or question is None:
+def _covers(carry: Any, written: list[Any] | None, question: str | None) -> bool:
+    """Whether the call a coverage stage wrote stands: whole, new, and adding coverage."""
+    if not written or len(written) <= carry.before.calls or question is None:
         return False
     from structgen.tools.coverage import adds_coverage
 
-    calls = _turn_calls(constraint, carry.text)
-    return bool(calls) and adds_coverage(question, calls[:-1], calls[-1])
+    return adds_coverage(question, written[:-1], written[-1])
 
 
 def _continued(messages: tuple[Message, ...], text: str) -> tuple[Message, ...]:
