@@ -113,6 +113,10 @@ def extract_command(
                        ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, rich_help_panel=_JOB,
                                          help="Ray actors (with --ray); each owns a model or binds to servers.")] = 1,
+    cpus_per_worker: Annotated[float | None, typer.Option(
+        "--cpus-per-worker", min=0.01, rich_help_panel=_JOB,
+        help="CPUs per Ray actor (with --ray): an embedded engine's torch threads. Default: the largest node's "
+             "CPUs less one, shared by the workers (the local cluster: all cores); 1 with --url.")] = None,
 ) -> None:
     """Extract one validated JSON record per document.
 
@@ -149,7 +153,8 @@ def extract_command(
         from structgen.extract.ray_job import RayOptions, run_ray_job
 
         stats = run_ray_job(opts, RayOptions(backend=backend.value, urls=tuple(url or ()), model=model,
-                                             backend_kwargs=backend_kw, address=address, workers=workers))
+                                             backend_kwargs=backend_kw, address=address, workers=workers,
+                                             cpus_per_worker=cpus_per_worker))
     else:
         be = make_backend(backend.value, tuple(url or ()), model, **backend_kw)
         try:

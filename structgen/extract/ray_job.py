@@ -40,13 +40,16 @@ from structgen.extract.prompt import PromptBuilder
 from structgen.extract.records import ExtractResult, InputRecord
 from structgen.extract.summary import Stats
 
-__all__ = ["RayOptions", "run_ray_job"]
+__all__ = ["RayOptions", "local_cpus", "run_ray_job", "worker_cpus"]
 
 
 @dataclass(frozen=True)
 class RayOptions:
     """Where and how the workers run. ``address``: an existing cluster (``auto``), else a
-    local one is started with ``num_cpus``. ``workers``: actors in the pool."""
+    local one is started with ``num_cpus`` (default: this machine's cores plus one logical
+    CPU for the pipeline's read and parse tasks). ``workers``: actors in the pool.
+    ``cpus_per_worker``: each actor's CPUs -- its engine's torch threads, as Ray sets
+    ``OMP_NUM_THREADS`` from them (default: :func:`worker_cpus`)."""
 
     backend: str = "embedded"
     urls: tuple[str, ...] = ()
@@ -56,7 +59,7 @@ class RayOptions:
     workers: int = 1
     num_cpus: int | None = None
     batch_size: int = 256  # records per map_batches call: one worker's records in flight
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = None
 
 
 def _require_ray() -> Any:
@@ -258,6 +261,30 @@ RAY_ENV = {
 }
 
 
+def local_cpus() -> int:
+    """A local cluster's logical CPUs: the machine's cores, plus one for the pipeline's
+    read and parse tasks (light work that must not wait behind the engine actors, which
+    take the cores)."""
+    return (os.cpu_count() or 1) + 1
+
+
+def worker_cpus(ropts: RayOptions, node_cpus: float) -> float:
+    """Each actor's CPUs when ``cpus_per_worker`` is not given. A worker that owns an
+    embedded engine computes: it gets the largest node's CPUs less the one left for the
+    pipeline's tasks, shared by the workers (on the local cluster, the machine's cores: the
+    local job's torch threads), at least 1. A worker bound to engine servers only waits on
+    them: 1."""
+    if ropts.cpus_per_worker is not None:
+        return ropts.cpus_per_worker
+    if ropts.backend != "embedded" or ropts.urls:
+        return 1.0
+    return float(max(1, int(node_cpus - 1) // max(1, ropts.workers)))
+
+
+def _largest_node_cpus(ray: Any) -> float:
+    return max((float(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=1.0)
+
+
 def start_local_ray(num_cpus: int | None = None, attempts: int = 2) -> None:
     """Start a local Ray cluster in this process: no dashboard, no usage stats, 256 MiB of
     object store, generous agent / worker start-up deadlines (:data:`RAY_ENV`). Ray >= 2.54
@@ -268,8 +295,8 @@ def start_local_ray(num_cpus: int | None = None, attempts: int = 2) -> None:
         os.environ.setdefault(key, value)
     for attempt in range(attempts):
         try:
-            ray.init(num_cpus=num_cpus, object_store_memory=256 * 1024 * 1024, include_dashboard=False,
-                     log_to_driver=False)
+            ray.init(num_cpus=local_cpus() if num_cpus is None else num_cpus, object_store_memory=256 * 1024 * 1024,
+                     include_dashboard=False, log_to_driver=False)
             return
         except Exception as exc:
             ray.shutdown()
@@ -298,7 +325,8 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
              "backend_kwargs": dict(ropts.backend_kwargs)}
     ds = _dataset(ray, opts).map_batches(
         ExtractWorker, fn_constructor_kwargs={"job": job, "ray_opts": rdict, "journal": journal},
-        batch_size=ropts.batch_size, concurrency=ropts.workers, num_cpus=ropts.cpus_per_worker)
+        batch_size=ropts.batch_size, concurrency=ropts.workers,
+        num_cpus=worker_cpus(ropts, _largest_node_cpus(ray)))
     stats = Stats(total=opts.total if opts.total is not None else count_lines(opts.input))
     writer = open_writer(opts.output, opts.output_format)
     progress = Progress(stats, quiet=opts.quiet or opts.output == "-")

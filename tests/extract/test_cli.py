@@ -31,7 +31,7 @@ def test_help_names_every_option() -> None:
     assert res.exit_code == 0
     for opt in ("--schema", "--input", "--output", "--text-field", "--id-field", "--schema-field", "--instructions",
                 "--few-shot", "--backend", "--url", "--model", "--retries", "--concurrency", "--confidence", "--ray",
-                "--address", "--output-format", "--retry-failed", "--quiet"):
+                "--address", "--workers", "--cpus-per-worker", "--output-format", "--retry-failed", "--quiet"):
         assert opt in res.output, opt
     for backend in ("embedded", "vllm", "sglang", "openai", "llamacpp", "triton", "trtllm"):
         assert backend in res.output
