@@ -34,6 +34,7 @@ higher abstain rate, then the lower thresholds). Last line::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,6 +157,8 @@ def main() -> None:
     ap.add_argument("--categories", default=None)
     ap.add_argument("--signal", choices=[*sorted(SIGNALS), "joint"], default="relevance")
     ap.add_argument("--abstain", type=float, default=1.0, help="joint: the irrelevance abstain rate to keep")
+    ap.add_argument("--dump", default="", help="joint: also write each record's (relevance, grounding, correct) "
+                                               "as JSON to this file")
     args = ap.parse_args()
     cats = load_categories(Path(args.dir), args.limit, args.offset)
     if args.categories:
@@ -168,6 +171,9 @@ def main() -> None:
     if args.signal == "joint":
         scores = {c.name: joint_scores(backend, c) for c in cats}
         backend.close()
+        if args.dump:
+            Path(args.dump).write_text(json.dumps({c.name: {"ids": [r.id for r in c.records], "scores": scores[c.name]}
+                                                   for c in cats}), encoding="utf-8")
         jcalls = {c.name: scores[c.name] for c in cats if not c.irrelevance}
         jabstain = [x for c in cats if c.irrelevance for x in scores[c.name]]
         print(f"slice: records {args.offset}..{args.offset + args.limit - 1} of "

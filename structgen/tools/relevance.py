@@ -51,7 +51,7 @@ from structgen.tools.lexical import lexical_scores
 from structgen.tools.spec import ToolCallSpec
 
 __all__ = ["DEFAULT_RELEVANCE_THRESHOLD", "MODEL_WEIGHT", "QUERY", "TOOL", "RelevanceRequest", "combined",
-           "decide_relevance", "relevance_query", "relevance_request", "relevance_scores"]
+           "decide_relevance", "relevance_query", "relevance_request", "relevance_scores", "routed_tool"]
 
 #: the relevance at or above which ``auto`` commits to a call (``MODEL_WEIGHT`` times nats
 #: per token, plus words): calibrated for SmolLM2-135M-Instruct with the grounding threshold
@@ -125,20 +125,34 @@ def combined(model: float, lexical: float) -> float:
 
 
 def decide_relevance(spec: ToolCallSpec, scores: Sequence[float],
-                     committed: Callable[[], ToolCallSpec] | None = None,
+                     committed: Callable[[str | None], ToolCallSpec] | None = None,
                      lexical: Sequence[float] = ()) -> ToolCallSpec:
-    """The turn's spec once its relevance is known: a call (``committed()``, the turn with a
-    call forced among the allowed tools; without it, ``spec``'s call block), or a plain answer.
-    ``scores``: the model's gain per allowed tool; ``lexical``: their lexical counts (none: 0)."""
+    """The turn's spec once its relevance is known: a call (``committed(tool)``, the turn with
+    a call forced among the allowed tools -- or, when routed, the most relevant one; without
+    it, ``spec``'s call block), or a plain answer. ``scores``: the model's gain per allowed
+    tool; ``lexical``: their lexical counts (none: 0)."""
     if lexical and len(lexical) != len(scores):
         raise ValueError(f"{len(scores)} relevance scores and {len(lexical)} lexical counts")
     parts = tuple(zip(scores, lexical or [0.0] * len(scores), strict=True))
-    best = max((combined(m, x) for m, x in parts), default=float("-inf"))
+    names = tuple(t.name for t in spec.allowed_tools)
+    totals = [combined(m, x) for m, x in parts]
+    best = max(totals, default=float("-inf"))
     threshold = spec.relevance_threshold
+    scored = {"relevance": best, "relevance_parts": parts, "relevance_names": names}
     if threshold is None:
-        return dataclasses.replace(spec, call_threshold=None, relevance=best, relevance_parts=parts)
+        return dataclasses.replace(spec, call_threshold=None, **scored)  # type: ignore[arg-type]
     if best >= threshold:
-        called = spec if committed is None else committed()
-        return dataclasses.replace(called, call_threshold=None, relevance_threshold=threshold, relevance=best,
-                                   relevance_parts=parts, grounding_threshold=spec.grounding_threshold)
-    return as_answer(spec, call_threshold=None, relevance=best, relevance_parts=parts, grounding_threshold=None)
+        route = routed_tool(spec, names, totals)
+        called = spec if committed is None else committed(route)
+        return dataclasses.replace(called, call_threshold=None, relevance_threshold=threshold, routed=route,
+                                   grounding_threshold=spec.grounding_threshold, **scored)  # type: ignore[arg-type]
+    return as_answer(spec, call_threshold=None, grounding_threshold=None, **scored)
+
+
+def routed_tool(spec: ToolCallSpec, names: Sequence[str], totals: Sequence[float]) -> str | None:
+    """The tool a committed one-call turn is routed to: the most relevant allowed one (the
+    first on a tie); None when routing is off, the turn may make several calls (each may
+    want another tool) or only one tool is allowed."""
+    if not spec.route or spec.max_calls != 1 or len(names) < 2 or len(totals) != len(names):
+        return None
+    return names[max(range(len(totals)), key=totals.__getitem__)]

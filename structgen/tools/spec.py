@@ -64,7 +64,7 @@ def normalize_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, tupl
         return "required", (tool_choice,)
     if isinstance(tool_choice, Mapping):
         if any(k in tool_choice for k in ("allowed", "call_threshold", "relevance_threshold", "grounding_threshold",
-                                          "coverage")):
+                                          "coverage", "route")):
             allowed = tuple(tool_choice.get("allowed", names))
             mode = str(tool_choice.get("mode", "auto"))
             if mode not in ("auto", "required"):
@@ -126,6 +126,17 @@ def choice_coverage(tool_choice: Any) -> bool:
     return c
 
 
+def choice_route(tool_choice: Any) -> bool:
+    """Whether ``auto``'s relevance decision also picks the tool of a one-call turn
+    (:mod:`structgen.tools.relevance`; ``{"route": False}`` leaves the choice to the model)."""
+    if not isinstance(tool_choice, Mapping) or "route" not in tool_choice:
+        return True
+    r = tool_choice["route"]
+    if not isinstance(r, bool):
+        raise ProgramError(f"route must be True or False, not {r!r}")
+    return r
+
+
 def normalize_parallel(parallel: Any) -> int:
     if parallel is False or parallel is None:
         return 1
@@ -181,6 +192,12 @@ class ToolCallSpec(GrammarSpec):
     relevance: float | None = field(default=None, compare=False)
     #: per allowed tool: (the model's gain, the lexical count) the relevance combines
     relevance_parts: tuple[tuple[float, float], ...] | None = field(default=None, compare=False)
+    #: the tools those parts score (the turn's allowed tools before any routing)
+    relevance_names: tuple[str, ...] | None = field(default=None, compare=False)
+    #: a one-call turn committed by relevance calls its most relevant tool (None = off)
+    route: bool = True
+    #: the tool the relevance decision routed the call to, once made
+    routed: str | None = field(default=None, compare=False)
     #: a call committed to by relevance is withdrawn below this grounding
     #: (:mod:`structgen.tools.grounding`): None = off
     grounding_threshold: float | None = None
@@ -269,7 +286,7 @@ def build_spec(tools: Sequence[Tool], fmt: ToolFormat, *, tool_choice: Any = "au
                         mode=mode, allowed=allowed, max_calls=k, think=th,  # type: ignore[arg-type]
                         call_threshold=threshold, relevance_threshold=relevance, grounding_threshold=grounding,
                         staged_budget=max_tokens if staged else None, staged_promise=promised,
-                        coverage=choice_coverage(tool_choice))
+                        coverage=choice_coverage(tool_choice), route=choice_route(tool_choice))
 
 
 @dataclass(frozen=True)
@@ -290,6 +307,7 @@ class ToolRequest:
         choice_relevance(tool_choice)
         choice_grounding(tool_choice)
         choice_coverage(tool_choice)
+        choice_route(tool_choice)
         normalize_parallel(parallel)
         normalize_think(think)
         choice = json.dumps(tool_choice, sort_keys=True) if isinstance(tool_choice, Mapping) else tool_choice
@@ -299,10 +317,14 @@ class ToolRequest:
         c = self.tool_choice
         return json.loads(c) if isinstance(c, str) and c.startswith("{") else c
 
-    def committed(self) -> ToolRequest:
-        """The same turn with a call forced among its allowed tools: ``auto`` once its first
-        decision (:mod:`structgen.tools.relevance`) chose to call."""
+    def committed(self, only: str | None = None) -> ToolRequest:
+        """The same turn with a call forced among its allowed tools (``only``: that one):
+        ``auto`` once its first decision (:mod:`structgen.tools.relevance`) chose to call."""
         _, allowed = normalize_choice(self.choice(), self.tools)
+        if only is not None:
+            if only not in allowed:
+                raise ProgramError(f"cannot route the call to {only!r}: not an allowed tool {list(allowed)}")
+            allowed = (only,)
         forced: dict[str, Any] = {"mode": "required", "allowed": list(allowed)}
         if not choice_coverage(self.choice()):
             forced["coverage"] = False

@@ -64,13 +64,13 @@ def test_scores_are_the_mean_gain_per_token_and_decide_the_turn():
     assert called.mode == "auto" and called.relevance == pytest.approx(combined(hi, 0.0))
     assert called.call_threshold is None and called.grammar == spec.grammar
     forced = build_spec(TOOLS, INJECTED, tool_choice={"mode": "required", "allowed": ["add", "weather"]})
-    committed = decide_relevance(spec, [hi, 0.0], committed=lambda: forced)
+    committed = decide_relevance(spec, [hi, 0.0], committed=lambda only: forced)
     assert committed.mode == "required" and committed.grammar == forced.grammar != spec.grammar
     assert committed.relevance == called.relevance and committed.relevance_threshold == spec.relevance_threshold
     with pytest.raises(sg.OutputValidationError):  # the forced grammar's check: a call, not an answer
         committed.validate_output("<tool_call>[]</tool_call>Five.")
     assert [c.name for c in committed.validate_output(CALL).calls] == ["add"]
-    assert decide_relevance(spec, [0.5], committed=lambda: forced).mode == "none"  # below: not committed
+    assert decide_relevance(spec, [0.5], committed=lambda only: forced).mode == "none"  # below: not committed
     lo = (spec.relevance_threshold - 0.01) / MODEL_WEIGHT
     answered = decide_relevance(spec, [0.0, lo])
     assert answered.mode == "none" and answered.relevance == pytest.approx(spec.relevance_threshold - 0.01)
@@ -130,6 +130,76 @@ def test_a_committed_turn_keeps_the_allowed_tools_and_the_budget():
     assert second.constraint.mode == "required" and second.constraint.allowed == ("add",)
     assert second.constraint.grammar == expect.grammar and second.params.max_new_tokens == 48
     assert ToolRequest.make(TOOLS).committed().choice() == {"mode": "required", "allowed": ["add", "weather"]}
+
+
+@sg.program
+def ask_one(s, question, choice="auto"):
+    s += sg.use_tools(TOOLS)
+    s += sg.user(question)
+    s += sg.assistant(sg.gen("turn", tools=TOOLS, tool_choice=choice, max_tokens=48))
+
+
+def _weather_first(req):  # the second tool ("weather") gains 5 nats per token, "add" none
+    return [[-1.0 + (5.0 if i == 1 else 0.0)] * 3 for i in range(len(req.choices))]
+
+
+WEATHER = '<tool_call>[{"name": "weather", "arguments": {"city": "Oslo"}}]</tool_call>'
+
+
+def test_a_one_call_turn_is_routed_to_its_most_relevant_tool():
+    spec = build_spec(TOOLS, INJECTED)  # one call at most
+    hi = (spec.relevance_threshold + 0.1) / MODEL_WEIGHT
+    asked: list[str | None] = []
+
+    def committed(only):
+        asked.append(only)
+        allowed = [t.name for t in TOOLS] if only is None else [only]
+        return build_spec(TOOLS, INJECTED, tool_choice={"mode": "required", "allowed": allowed})
+
+    turn = decide_relevance(spec, [0.0, hi], committed=committed)
+    assert asked == ["weather"] and turn.routed == "weather" and turn.allowed == ("weather",)
+    assert turn.relevance_names == ("add", "weather") and len(turn.relevance_parts) == 2
+    with pytest.raises(sg.OutputValidationError):  # the other tool can no longer be called
+        turn.validate_output(CALL)
+    assert [c.name for c in turn.validate_output(WEATHER).calls] == ["weather"]
+    # a lexical count can outweigh the model's gain: the higher total wins
+    asked.clear()
+    assert decide_relevance(spec, [hi, 0.0], committed=committed, lexical=[0.0, 10.0]).routed == "weather"
+    # not routed: several calls allowed, routing turned off, one tool only, or no call at all
+    asked.clear()
+    several = build_spec(TOOLS, INJECTED, parallel=True)
+    assert decide_relevance(several, [0.0, hi], committed=committed).routed is None
+    off = build_spec(TOOLS, INJECTED, tool_choice={"mode": "auto", "route": False})
+    assert decide_relevance(off, [0.0, hi], committed=committed).routed is None
+    single = build_spec(TOOLS, INJECTED, tool_choice={"mode": "auto", "allowed": ["add"]})
+    assert decide_relevance(single, [hi], committed=committed).routed is None
+    assert asked == [None, None, None]
+    assert decide_relevance(spec, [0.0, 0.0], committed=committed).routed is None and asked == [None, None, None]
+
+
+def test_a_routed_turn_on_a_backend_calls_only_that_tool_and_says_so():
+    fb = FakeBackend([WEATHER], selector=_weather_first, capabilities=_caps(prefix_cache=True))
+    st = ask_one.run(question="Is it raining in Oslo?", backend=fb)
+    st.raise_if_failed()
+    _, second = fb.requests
+    assert second.constraint.mode == "required" and second.constraint.allowed == ("weather",)
+    meta = st.get_meta_info("turn")
+    assert meta["tool_routed"] == "weather"
+    assert [t["name"] for t in meta["tool_scores"]] == ["add", "weather"]  # both scored tools, after routing
+    assert [c.name for c in st.tool_calls("turn")] == ["weather"]
+    unrouted = FakeBackend([WEATHER], selector=_weather_first, capabilities=_caps(prefix_cache=True))
+    st = ask_one.run(question="Is it raining in Oslo?", choice={"mode": "auto", "route": False}, backend=unrouted)
+    st.raise_if_failed()
+    assert unrouted.requests[1].constraint.allowed == ("add", "weather")
+    assert "tool_routed" not in st.get_meta_info("turn")
+
+
+def test_routing_options_are_checked():
+    assert ToolRequest.make(TOOLS).committed("add").choice() == {"mode": "required", "allowed": ["add"]}
+    with pytest.raises(ProgramError, match="route"):
+        ToolRequest.make(TOOLS, tool_choice={"mode": "auto", "allowed": ["add"]}).committed("weather")
+    with pytest.raises(ProgramError, match="route"):
+        sg.gen("t", tools=TOOLS, tool_choice={"mode": "auto", "route": "yes"})
 
 
 def test_each_run_of_a_batch_scores_its_own_question():

@@ -188,8 +188,10 @@ def _tool_meta(meta: dict[str, Any], constraint: Any, text: str, value: Any) -> 
     if getattr(constraint, "relevance", None) is not None:
         meta["tool_relevance"] = constraint.relevance
         parts = getattr(constraint, "relevance_parts", None) or ()
-        meta["tool_scores"] = [{"name": t.name, "model": m, "lexical": x}
-                               for t, (m, x) in zip(constraint.allowed_tools, parts, strict=False)]
+        names = getattr(constraint, "relevance_names", None) or [t.name for t in constraint.allowed_tools]
+        meta["tool_scores"] = [{"name": n, "model": m, "lexical": x} for n, (m, x) in zip(names, parts, strict=False)]
+        if getattr(constraint, "routed", None) is not None:
+            meta["tool_routed"] = constraint.routed
     if getattr(constraint, "declined_calls", None) is not None:  # withdrawn for their grounding
         meta["tool_grounding"], meta["declined_calls"] = constraint.grounding, constraint.declined_calls
     calls = getattr(value, "calls", None)

@@ -34,7 +34,7 @@ def _finish(interp: Interpreter, pending: Pending, result: SelectResult) -> None
     params = node.sampling(interp.defaults)
     budget = params.max_new_tokens
     spec = decide_relevance(interp.resolve_tools(node.constraint, budget), relevance_scores(result),
-                            committed=lambda: interp.resolve_tools(node.constraint.committed(), budget),
+                            committed=lambda only: interp.resolve_tools(node.constraint.committed(only), budget),
                             lexical=getattr(pending.request, "lexical", ()))
     request = generate_request(interp, pending.name, params, spec)
     checked = spec.grounding_threshold is not None and spec.mode != "none"  # its calls may be withdrawn: held
