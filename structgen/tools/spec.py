@@ -16,9 +16,11 @@ and validates every call.
 ``tool_choice``: ``"auto"`` (answer or calls), ``"required"`` (calls), ``"none"`` (an
 answer, no call), a tool's name (calls of that tool), or ``{"allowed": [names], "mode":
 "auto"|"required", "call_threshold": p, "relevance_threshold": r, "grounding_threshold": g,
-"coverage": c}`` (``p``: see :mod:`structgen.tools.decision`; ``r``: :mod:`structgen.tools.relevance`;
-``g``: :mod:`structgen.tools.grounding`; ``None`` = off; ``c``: True (the default) or False,
-:mod:`structgen.tools.coverage`).
+"coverage": c, "route": b}`` (``p``: see :mod:`structgen.tools.decision`; ``r``:
+:mod:`structgen.tools.relevance`; ``g``: :mod:`structgen.tools.grounding`; ``None`` = off;
+``c``: True (the default) or False, :mod:`structgen.tools.coverage`; ``b``: True (the
+default) or False, whether relevance also picks a one-call turn's tool,
+:func:`structgen.tools.relevance.routed_tool`).
 ``parallel_tool_calls``: ``False`` (one call), ``True`` (up to
 :data:`MAX_PARALLEL`) or ``k`` (up to ``k``).
 """
