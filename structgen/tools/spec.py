@@ -117,26 +117,26 @@ def choice_grounding(tool_choice: Any) -> Any:
     return None if g is None else float(g)
 
 
+def _choice_flag(tool_choice: Any, key: str) -> bool:
+    """A True/False option of a ``tool_choice`` dict; True when it is not given."""
+    if not isinstance(tool_choice, Mapping) or key not in tool_choice:
+        return True
+    flag = tool_choice[key]
+    if not isinstance(flag, bool):
+        raise ProgramError(f"{key} must be True or False, not {flag!r}")
+    return flag
+
+
 def choice_coverage(tool_choice: Any) -> bool:
     """Whether a staged parallel turn asks for calls until the user's numbers are covered
     (:mod:`structgen.tools.coverage`; ``{"coverage": False}`` turns it off)."""
-    if not isinstance(tool_choice, Mapping) or "coverage" not in tool_choice:
-        return True
-    c = tool_choice["coverage"]
-    if not isinstance(c, bool):
-        raise ProgramError(f"coverage must be True or False, not {c!r}")
-    return c
+    return _choice_flag(tool_choice, "coverage")
 
 
 def choice_route(tool_choice: Any) -> bool:
     """Whether ``auto``'s relevance decision also picks the tool of a one-call turn
     (:mod:`structgen.tools.relevance`; ``{"route": False}`` leaves the choice to the model)."""
-    if not isinstance(tool_choice, Mapping) or "route" not in tool_choice:
-        return True
-    r = tool_choice["route"]
-    if not isinstance(r, bool):
-        raise ProgramError(f"route must be True or False, not {r!r}")
-    return r
+    return _choice_flag(tool_choice, "route")
 
 
 def normalize_parallel(parallel: Any) -> int:
