@@ -196,7 +196,7 @@ class ToolCallSpec(GrammarSpec):
     relevance_parts: tuple[tuple[float, float], ...] | None = field(default=None, compare=False)
     #: the tools those parts score (the turn's allowed tools before any routing)
     relevance_names: tuple[str, ...] | None = field(default=None, compare=False)
-    #: a one-call turn committed by relevance calls its most relevant tool (None = off)
+    #: a one-call turn committed by relevance calls its most relevant tool (False = off)
     route: bool = True
     #: the tool the relevance decision routed the call to, once made
     routed: str | None = field(default=None, compare=False)
