@@ -15,9 +15,13 @@ says how each part attends:
     prefix K/V, read once, in one matmul per KV head; then each sequence attends to
     its own suffix; the two partial softmaxes are merged by their log-sum-exp.
     The result equals the plain path up to float rounding. Entries with a few new
-    tokens (a constraint's forced run, drafted tokens: up to ``MAX_SHORT``) join the
-    cascade too: each of their queries is one more row, reading the prefix with the
-    others and its own suffix up to its position (causal).
+    tokens (a prompt's uncached tail, a constraint's forced run, drafted tokens: up to
+    ``MAX_SHORT``) join the cascade too: each of their queries is one more row reading the
+    prefix with the others, and each such entry reads its own suffix once for all its
+    queries (:func:`attend_chunks`, causal by a mask; a ``[E, N, L]`` *chunk* batch), not
+    once per query (SmolLM2-135M in bfloat16 on 2 cores, 256 prompts whose last 42 tokens
+    are new behind a cached 386-token prefix: one pass took 7.6 s gathered per query, 4.9 s
+    chunked).
 
 GQA: query head ``h`` uses KV head ``h // (heads // kv_heads)``, as transformers'
 ``repeat_kv``. Softmax statistics are float32 whatever the KV dtype.
@@ -34,7 +38,7 @@ in float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,8 +57,9 @@ def fused_available(q: torch.Tensor) -> bool:
     return _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in _FLASH_DTYPES
 
 __all__ = [
-    "MAX_SHORT", "AttentionPlan", "CascadeGroup", "DecodePlan", "PrefillItem", "attend_causal",
-    "attend_padded", "attend_sdpa", "attend_shared", "fused_available", "merge_partials", "run_attention",
+    "MAX_SHORT", "AttentionPlan", "CascadeGroup", "ChunkPlan", "DecodePlan", "PrefillItem", "attend_causal",
+    "attend_chunks", "attend_padded", "attend_sdpa", "attend_shared", "chunk_bias", "fused_available",
+    "merge_partials", "run_attention",
 ]
 
 
@@ -151,6 +156,49 @@ def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, torch.stack(lses).view(kv, b, g).transpose(0, 1).reshape(b, h)
 
 
+def attend_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  scale: float, *, fused: bool | None = None,
+                  bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several queries per entry against the entry's own keys: ``q`` ``[E, N, H, D]``,
+    ``k``/``v`` ``[E, L, KV, D]``, ``mask`` ``[E, N, L]`` (True = attend; every query row
+    must see at least one key). A short entry's new tokens (a prompt's uncached tail, a
+    forced run, drafts) read its own keys once for all of them, where one query per row
+    (:func:`attend_padded`) would gather them once per row.
+
+    Returns the normalized output ``[E, N, H, D]`` and its log-sum-exp ``[E, N, H]``
+    (float32). Fused as :func:`attend_padded`: each entry's ``N * H/KV`` queries of a KV
+    head are rows of that head. ``bias``: :func:`chunk_bias` of ``mask`` in ``q``'s dtype,
+    when the caller keeps it across layers.
+    """
+    e, n, h, d = q.shape
+    length, kv = k.shape[1], k.shape[2]
+    g = h // kv
+    qg = q.view(e, n, kv, g, d).permute(0, 2, 1, 3, 4).reshape(e, kv, n * g, d)   # [E, KV, N*G, D]
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)                                   # [E, KV, L, D]
+    if fused_available(q) if fused is None else fused:
+        if bias is None:
+            bias = chunk_bias(mask, g, q.dtype)
+        out, lse = _FLASH_CPU(qg, kt, vt, attn_mask=bias, scale=scale)
+    else:
+        s = torch.matmul(qg, kt.transpose(2, 3)).float()                            # [E, KV, N*G, L]
+        s.mul_(scale)
+        allowed = mask[:, None, :, None, :].expand(e, 1, n, g, length).reshape(e, 1, n * g, length)
+        s.masked_fill_(~allowed, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s.sub_(lse[..., None])).to(v.dtype)
+        out = torch.matmul(p, vt)                                                   # [E, KV, N*G, D]
+    out = out.view(e, kv, n, g, d).permute(0, 2, 1, 3, 4).reshape(e, n, h, d)
+    return out, lse.float().view(e, kv, n, g).permute(0, 2, 1, 3).reshape(e, n, h)
+
+
+def chunk_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """The fused kernel's additive mask for :func:`attend_chunks`: ``[E, 1, N * group, L]``
+    (0 where ``mask`` attends, -inf elsewhere; each query row repeated for its group)."""
+    e, n, length = mask.shape
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return bias[:, None, :, None, :].expand(e, 1, n, group, length).reshape(e, 1, n * group, length)
+
+
 def merge_partials(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
                    l2: torch.Tensor) -> torch.Tensor:
     """Merge two normalized partial attentions over disjoint keys by log-sum-exp."""
@@ -180,14 +228,36 @@ class CascadeGroup:
 
 
 @dataclass(frozen=True)
+class ChunkPlan:
+    """The cascade's entries with several new tokens, each reading its own keys once
+    (:func:`attend_chunks`): ``E`` entries padded to ``N`` queries and ``L`` keys."""
+
+    pos: torch.Tensor        # [E, N] position in DecodePlan.rows of each query (0 where padded)
+    index: torch.Tensor      # [E, L] gather index of each entry's own keys (after its group's prefix)
+    mask: torch.Tensor       # [E, N, L] causal: query j of an entry sees its keys up to its own position
+    valid: torch.Tensor      # [V] flat indices into E * N of the real queries
+    valid_pos: torch.Tensor  # [V] their positions in DecodePlan.rows
+    _bias: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def bias(self, dtype: torch.dtype, group: int) -> torch.Tensor:
+        """:func:`chunk_bias` of ``mask``, built once per forward for every layer."""
+        key = (dtype, group)
+        if key not in self._bias:
+            self._bias[key] = chunk_bias(self.mask, group, dtype)
+        return self._bias[key]
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     """The decode tokens (``rows`` of the packed batch) and how they read KV."""
 
     rows: torch.Tensor           # [B] packed row of each decode token
-    index: torch.Tensor | None   # [B, L] gather index (suffix only when cascading)
-    mask: torch.Tensor | None    # [B, L] valid keys, or None when nothing is padded
+    index: torch.Tensor | None   # [B1, L] gather index of the one-token queries (suffix only when cascading)
+    mask: torch.Tensor | None    # [B1, L] valid keys, or None when nothing is padded
     single: SlotRange | None     # B == 1 and no cascade: read this range directly
     groups: tuple[CascadeGroup, ...] = ()  # shared prefixes, each read once for its queries
+    chunks: ChunkPlan | None = None  # the cascade's several-token entries, when there are any
+    single_pos: torch.Tensor | None = None  # [B1] positions in rows of the one-token queries (None: all)
 
     @property
     def cascade(self) -> bool:
@@ -235,14 +305,23 @@ class AttentionPlan:
         in_group = {id(e) for _, members in groups for e in members}
         long += [e for e in short if id(e) not in in_group]
         q_rows: list[int] = []
-        keys: list[torch.Tensor] = []
+        keys: list[torch.Tensor] = []       # the one-token queries' own keys ...
+        single_pos: list[int] = []          # ... and their positions in q_rows
+        chunks: list[tuple[int, torch.Tensor, int]] = []  # (first position, own keys, own context)
         cascade_groups: list[CascadeGroup] = []
 
         def add(e: tuple[slice, torch.Tensor], shared: int) -> None:
-            r, sl = e  # one query row per new token, reading its own keys causally
-            c = len(sl) - (r.stop - r.start)
-            for j in range(r.stop - r.start):
+            r, sl = e
+            n = r.stop - r.start
+            c = len(sl) - n
+            if n > 1 and shared:  # a cascade member with several new tokens: its keys read once
+                assert window is None or len(sl) <= window  # (candidates under a window see position 0)
+                chunks.append((len(q_rows), sl[shared:], c - shared))
+                q_rows.extend(range(r.start, r.stop))
+                return
+            for j in range(n):  # one query row per new token, reading its own keys causally
                 lo = shared if window is None else max(shared, c + j + 1 - window)
+                single_pos.append(len(q_rows))
                 q_rows.append(r.start + j)
                 keys.append(sl[lo:c + j + 1])
 
@@ -261,28 +340,57 @@ class AttentionPlan:
             start = len(sl) - (r.stop - r.start)
             off = 0 if window is None else max(0, start - window + 1)  # keys no query sees
             prefill.append(PrefillItem(r, start - off, SlotRange.of(sl[off:].to(device)), window))
-        return cls(tuple(prefill), cls._plan_decode(q_rows, keys, device, tuple(cascade_groups)))
+        return cls(tuple(prefill), cls._plan_decode(q_rows, keys, single_pos, chunks, device,
+                                                    tuple(cascade_groups)))
 
     @staticmethod
-    def _plan_decode(rows: list[int], own: list[torch.Tensor], device: torch.device,
+    def _plan_decode(rows: list[int], own: list[torch.Tensor], single_pos: list[int],
+                     chunks: list[tuple[int, torch.Tensor, int]], device: torch.device,
                      groups: tuple[CascadeGroup, ...]) -> DecodePlan | None:
-        """Query ``rows[i]`` reads its group's prefix (if any) and its own keys ``own[i]``."""
+        """Query ``rows[single_pos[i]]`` reads its group's prefix (if any) and its own keys
+        ``own[i]``; a chunk's queries read its group's prefix and, causally, its own keys."""
         if not rows:
             return None
         b = len(rows)
         row_t = torch.tensor(rows, dtype=torch.long, device=device)
         if b == 1 and not groups:
             return DecodePlan(row_t, None, None, SlotRange.of(own[0].to(device)))
-        lens = [len(s) for s in own]
-        width = max(lens)
-        index = torch.zeros(b, width, dtype=torch.long)
-        for i, s in enumerate(own):
-            index[i, :len(s)] = s
-        mask = None
-        if min(lens) != width:
-            mask = torch.arange(width)[None, :] < torch.tensor(lens)[:, None]
-            mask = mask.to(device)
-        return DecodePlan(row_t, index.to(device), mask, None, groups)
+        index = mask = None
+        if own:
+            lens = [len(s) for s in own]
+            width = max(lens)
+            index = torch.zeros(len(own), width, dtype=torch.long)
+            for i, s in enumerate(own):
+                index[i, :len(s)] = s
+            index = index.to(device)
+            if min(lens) != width:
+                mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).to(device)
+        if not chunks:
+            return DecodePlan(row_t, index, mask, None, groups)
+        return DecodePlan(row_t, index, mask, None, groups, _plan_chunks(chunks, device),
+                          torch.tensor(single_pos, dtype=torch.long, device=device))
+
+
+def _plan_chunks(chunks: list[tuple[int, torch.Tensor, int]], device: torch.device) -> ChunkPlan:
+    """Pad the chunks (first position in the decode rows, own keys, own context before the
+    first new token) to ``[E, N]`` queries and ``[E, L]`` keys."""
+    first = torch.tensor([f for f, _, _ in chunks], dtype=torch.long)
+    lens = torch.tensor([len(k) for _, k, _ in chunks], dtype=torch.long)
+    ctx = torch.tensor([c for _, _, c in chunks], dtype=torch.long)
+    nq = lens - ctx
+    n, length = int(nq.max()), int(lens.max())
+    index = torch.zeros(len(chunks), length, dtype=torch.long)
+    for i, (_, k, _) in enumerate(chunks):
+        index[i, :len(k)] = k
+    j = torch.arange(n)[None, :]
+    real = j < nq[:, None]                                                     # [E, N]
+    mask = torch.arange(length)[None, None, :] <= (ctx[:, None] + j)[:, :, None]  # [E, N, L]
+    mask &= real[:, :, None]
+    mask[:, :, 0] |= ~real  # a padding row sees one key (its output is never read)
+    pos = torch.where(real, first[:, None] + j, 0)
+    valid = real.reshape(-1).nonzero().squeeze(1)
+    return ChunkPlan(pos.to(device), index.to(device), mask.to(device), valid.to(device),
+                     pos.reshape(-1)[valid].to(device))
 
 
 def _cascade_groups(contexts: list[torch.Tensor], min_shared: int) -> list[tuple[int, list[int]]]:
@@ -337,25 +445,56 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
     if dec.single is not None:
         k, v = pool.read(layer, dec.single)
         o, _ = attend_padded(qd, k[None], v[None], None, scale)
-    else:
-        assert dec.index is not None  # built by AttentionPlan._plan_decode
-        b, width = dec.index.shape
-        flat = dec.index.reshape(-1)
-        k = pool.k[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
-        v = pool.v[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim)
-        if dec.groups:
-            o, lse = attend_padded(qd, k, v, dec.mask, scale)
-            for g in dec.groups:
-                kp, vp = pool.read(layer, g.prefix)
-                if len(g.queries) == b:  # the one group, every query (rows in order): no gather
-                    op, lsep = attend_shared(qd, kp, vp, scale)
-                    o = merge_partials(op, lsep, o, lse)
-                    continue
-                qg = qd.index_select(0, g.queries)
-                op, lsep = attend_shared(qg, kp, vp, scale)
-                o.index_copy_(0, g.queries, merge_partials(
-                    op, lsep, o.index_select(0, g.queries), lse.index_select(0, g.queries)))
-        else:  # no statistics needed: SDPA is faster on the long padded keys
-            o = attend_sdpa(qd, k, v, dec.mask, scale)
+    elif dec.groups:
+        o, lse = _attend_own(qd, pool, layer, dec, scale)
+        for g in dec.groups:
+            kp, vp = pool.read(layer, g.prefix)
+            if len(g.queries) == len(dec.rows):  # the one group, every query (rows in order): no gather
+                op, lsep = attend_shared(qd, kp, vp, scale)
+                o = merge_partials(op, lsep, o, lse)
+                continue
+            qg = qd.index_select(0, g.queries)
+            op, lsep = attend_shared(qg, kp, vp, scale)
+            o.index_copy_(0, g.queries, merge_partials(
+                op, lsep, o.index_select(0, g.queries), lse.index_select(0, g.queries)))
+    else:  # no statistics needed: SDPA is faster on the long padded keys
+        k, v = _gather(pool, layer, dec.index)
+        o = attend_sdpa(qd, k, v, dec.mask, scale)
     out.index_copy_(0, dec.rows, o)
     return out
+
+
+def _gather(pool: KVPool, layer: int, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values at ``index`` ``[B, L]``: ``[B, L, KV, D]`` each."""
+    assert index is not None  # built by AttentionPlan._plan_decode
+    b, width = index.shape
+    flat = index.reshape(-1)
+    return (pool.k[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim),
+            pool.v[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim))
+
+
+def _attend_own(qd: torch.Tensor, pool: KVPool, layer: int, dec: DecodePlan,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode queries against their own keys (a cascade's suffixes): output and
+    log-sum-exp per query, one-token queries padded, several-token entries chunked."""
+    ch = dec.chunks
+    if ch is None:
+        k, v = _gather(pool, layer, dec.index)
+        return attend_padded(qd, k, v, dec.mask, scale)
+    b, h, d = qd.shape
+    o = torch.empty_like(qd)
+    lse = torch.empty(b, h, dtype=torch.float32, device=qd.device)
+    if dec.index is not None and dec.single_pos is not None:
+        k, v = _gather(pool, layer, dec.index)
+        os_, ls = attend_padded(qd.index_select(0, dec.single_pos), k, v, dec.mask, scale)
+        o.index_copy_(0, dec.single_pos, os_)
+        lse.index_copy_(0, dec.single_pos, ls)
+    e, n = ch.pos.shape
+    k, v = _gather(pool, layer, ch.index)
+    qc = qd.index_select(0, ch.pos.reshape(-1)).view(e, n, h, d)
+    fused = fused_available(qc)
+    oc, lc = attend_chunks(qc, k, v, ch.mask, scale, fused=fused,
+                           bias=ch.bias(qc.dtype, h // k.shape[2]) if fused else None)
+    o.index_copy_(0, ch.valid_pos, oc.reshape(e * n, h, d).index_select(0, ch.valid))
+    lse.index_copy_(0, ch.valid_pos, lc.reshape(e * n, h).index_select(0, ch.valid))
+    return o, lse

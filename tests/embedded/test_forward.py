@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from structgen.backends.embedded.attention import (
+    attend_chunks,
     attend_padded,
     attend_shared,
     fused_available,
@@ -53,6 +54,42 @@ def test_cascade_merge_equals_plain_attention(fused):
         assert (torch.einsum("hl,lhd->hd", w, v) - plain[i]).abs().max() < 1e-5
 
 
+def _chunk_case(g: torch.Generator, dtype: torch.dtype = torch.float32):
+    """Three entries: (own context, new tokens) = (5, 1), (0, 3), (2, 7), padded to N=7, L=9."""
+    h, kvh, d = 9, 3, 64
+    ctx, new = [5, 0, 2], [1, 3, 7]
+    e, n, length = len(ctx), max(new), max(c + k for c, k in zip(ctx, new, strict=True))
+    q = torch.randn(e, n, h, d, generator=g).to(dtype)
+    k, v = torch.randn(e, length, kvh, d, generator=g).to(dtype), torch.randn(e, length, kvh, d, generator=g).to(dtype)
+    mask = torch.zeros(e, n, length, dtype=torch.bool)
+    for i, (c, m) in enumerate(zip(ctx, new, strict=True)):
+        for j in range(n):
+            if j < m:
+                mask[i, j, :c + j + 1] = True
+            else:
+                mask[i, j, 0] = True  # a padding row
+    return q, k, v, mask, ctx, new
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["matmul", "fused"])
+def test_chunk_attention_equals_per_query_softmax(fused):
+    """Each new token of an entry reads the entry's keys up to its own position (causal),
+    with GQA as repeat_kv; its log-sum-exp is the scores' own."""
+    if fused and not fused_available(torch.zeros(1)):
+        pytest.skip("this torch has no fused CPU attention kernel")
+    q, k, v, mask, ctx, new = _chunk_case(torch.Generator().manual_seed(2))
+    out, lse = attend_chunks(q, k, v, mask, 0.125, fused=fused)
+    h, kvh = q.shape[2], k.shape[2]
+    assert out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    for i, (c, m) in enumerate(zip(ctx, new, strict=True)):
+        for j in range(m):
+            kk = k[i, :c + j + 1].repeat_interleave(h // kvh, dim=1)
+            vv = v[i, :c + j + 1].repeat_interleave(h // kvh, dim=1)
+            s = torch.einsum("hd,lhd->hl", q[i, j], kk) * 0.125
+            assert (torch.einsum("hl,lhd->hd", torch.softmax(s, -1), vv) - out[i, j]).abs().max() < 1e-5
+            assert (torch.logsumexp(s, -1) - lse[i, j]).abs().max() < 1e-4
+
+
 def test_fused_and_matmul_kernels_agree_in_bfloat16():
     """The two kernel paths (and their log-sum-exps) agree in the dtype the CPU engine runs."""
     if not fused_available(torch.zeros(1, dtype=torch.bfloat16)):
@@ -67,6 +104,11 @@ def test_fused_and_matmul_kernels_agree_in_bfloat16():
         (o1, l1), (o2, l2) = fn(*args, fused=True), fn(*args, fused=False)  # type: ignore[operator]
         assert o1.dtype == o2.dtype == torch.bfloat16
         assert (o1.float() - o2.float()).abs().max() < 0.05 and (l1 - l2).abs().max() < 0.05
+    q, k, v, mask, _, new = _chunk_case(g, torch.bfloat16)
+    (o1, l1), (o2, l2) = (attend_chunks(q, k, v, mask, 0.125, fused=f) for f in (True, False))
+    real = torch.arange(q.shape[1])[None] < torch.tensor(new)[:, None]  # padding rows aside
+    assert o1.dtype == o2.dtype == torch.bfloat16
+    assert (o1[real].float() - o2[real].float()).abs().max() < 0.05 and (l1[real] - l2[real]).abs().max() < 0.05
 
 
 def test_kv_pool_write_read_contiguous_and_gathered():
@@ -264,6 +306,45 @@ def test_cascade_takes_entries_with_a_few_new_tokens(models):
     assert (oc - op).abs().max() < 1e-4
     for t, k, rows in zip(tails, new, cascade.split(oc)[:3], strict=True):
         assert (rows - _hf_logits(hf, prefix + t)[-k:]).abs().max() < TOL
+
+
+@pytest.mark.model
+def test_cascade_chunks_read_their_own_keys_once(models):
+    """Entries with several new tokens in two prefix groups (a prompt's uncached tail, a
+    forced run after cached tokens) and one-token decodes beside them: the chunked plan
+    (each entry's own keys gathered once, not once per query) equals the plain plan and
+    transformers."""
+    from structgen.backends.embedded.model import SeqInput
+
+    hf, m, tok = models
+    prefixes = [_ids(tok, "You are a helpful assistant. Answer briefly and precisely. " * 3),
+                _ids(tok, "Translate every sentence into French, keeping names as they are. " * 3)]
+    tails = [(" Cats sleep a lot during the day", 7), (" The dog", 1), (" Why is the sky blue at noon?", 4),
+             (" One", 1), (" A longer question about the history of the Roman empire and its roads", 12)]
+    kv = m.new_kv_pool(1200)
+    inputs, texts, news = [], [], []
+    for base, pre in zip((0, 600), prefixes, strict=True):
+        m.forward(m.prepare([SeqInput(pre, list(range(base, base + len(pre))), logits="none")]), kv)
+        for i, (t, k) in enumerate(tails):
+            ids = _ids(tok, t)
+            k = min(k, len(ids))
+            own = list(range(base + 150 + 40 * i, base + 150 + 40 * i + len(ids)))
+            slots = list(range(base, base + len(pre))) + own
+            if len(ids) > k:  # the tokens before the new ones are cached
+                m.forward(m.prepare([SeqInput(ids[:-k], slots[:-k], logits="none")]), kv)
+            inputs.append(SeqInput(ids[-k:], slots, logits=k))
+            texts.append(pre + ids)
+            news.append(k)
+    cascade = m.prepare(inputs, cascade=None)
+    dec = cascade.plan.decode
+    assert len(dec.groups) == 2 and dec.chunks is not None and not cascade.plan.prefill
+    assert dec.chunks.pos.shape[0] == sum(k > 1 for k in news)  # one chunk per several-token entry
+    assert dec.index is not None and dec.index.shape[0] == sum(k == 1 for k in news)
+    plain = m.prepare(inputs, cascade=False)
+    oc, op = m.forward(cascade, kv), m.forward(plain, kv)
+    assert (oc - op).abs().max() < 1e-4
+    for ids, k, rows in zip(texts, news, cascade.split(oc), strict=True):
+        assert (rows - _hf_logits(hf, ids)[-k:]).abs().max() < TOL
 
 
 @pytest.mark.model
