@@ -85,6 +85,22 @@ def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
     return out[0].transpose(0, 1)
 
 
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = attend) as the fused kernel's additive bias: 0 or -inf."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def _softmax(s: torch.Tensor, scale: float, blocked: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unfused kernels' softmax over float32 scores ``s`` (last dim, in place): scaled,
+    ``blocked`` keys (True) at -inf; the weights and their log-sum-exp."""
+    s.mul_(scale)
+    if blocked is not None:
+        s.masked_fill_(blocked, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s.sub_(lse[..., None])), lse
+
+
 def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                   scale: float, *, fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One query per sequence against its own keys: ``q`` ``[B, H, D]``, ``k``/``v``
@@ -99,20 +115,14 @@ def attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     kv = k.shape[2]
     q4 = q.reshape(b, kv, h // kv, d)
     if fused_available(q) if fused is None else fused:
-        bias = None if mask is None else torch.zeros(
-            mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))[:, None, None, :]
+        bias = None if mask is None else _additive(mask, q.dtype)[:, None, None, :]
         out, lse = _FLASH_CPU(q4, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale)
         return out.reshape(b, h, d), lse.reshape(b, h).float()
     neg = None if mask is None else ~mask[:, None, :]
     outs, lses = [], []
     for j in range(kv):
-        s = torch.bmm(q4[:, j], k[:, :, j].transpose(1, 2)).float()      # [B, G, L]
-        s.mul_(scale)
-        if neg is not None:
-            s.masked_fill_(neg, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s.sub_(lse[..., None])).to(v.dtype)
-        outs.append(torch.bmm(p, v[:, :, j]))                            # [B, G, D]
+        p, lse = _softmax(torch.bmm(q4[:, j], k[:, :, j].transpose(1, 2)).float(), scale, neg)  # [B, G, L]
+        outs.append(torch.bmm(p.to(v.dtype), v[:, :, j]))                            # [B, G, D]
         lses.append(lse)
     return torch.stack(outs, 1).reshape(b, h, d), torch.stack(lses, 1).reshape(b, h)
 
@@ -146,11 +156,8 @@ def attend_shared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 lse[0].float().view(kv, b, g).transpose(0, 1).reshape(b, h))
     outs, lses = [], []
     for j in range(kv):
-        s = torch.mm(qs[j], k[:, j].t()).float()                         # [B*G, P]
-        s.mul_(scale)
-        lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s.sub_(lse[:, None])).to(v.dtype)
-        outs.append(torch.mm(p, v[:, j]))                                # [B*G, D]
+        p, lse = _softmax(torch.mm(qs[j], k[:, j].t()).float(), scale)   # [B*G, P]
+        outs.append(torch.mm(p.to(v.dtype), v[:, j]))                                # [B*G, D]
         lses.append(lse)
     out = torch.stack(outs).view(kv, b, g, d).transpose(0, 1).reshape(b, h, d)
     return out, torch.stack(lses).view(kv, b, g).transpose(0, 1).reshape(b, h)
@@ -180,13 +187,9 @@ def attend_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
             bias = chunk_bias(mask, g, q.dtype)
         out, lse = _FLASH_CPU(qg, kt, vt, attn_mask=bias, scale=scale)
     else:
-        s = torch.matmul(qg, kt.transpose(2, 3)).float()                            # [E, KV, N*G, L]
-        s.mul_(scale)
         allowed = mask[:, None, :, None, :].expand(e, 1, n, g, length).reshape(e, 1, n * g, length)
-        s.masked_fill_(~allowed, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s.sub_(lse[..., None])).to(v.dtype)
-        out = torch.matmul(p, vt)                                                   # [E, KV, N*G, D]
+        p, lse = _softmax(torch.matmul(qg, kt.transpose(2, 3)).float(), scale, ~allowed)  # [E, KV, N*G, L]
+        out = torch.matmul(p.to(v.dtype), vt)                                                   # [E, KV, N*G, D]
     out = out.view(e, kv, n, g, d).permute(0, 2, 1, 3, 4).reshape(e, n, h, d)
     return out, lse.float().view(e, kv, n, g).permute(0, 2, 1, 3).reshape(e, n, h)
 
@@ -195,8 +198,7 @@ def chunk_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tens
     """The fused kernel's additive mask for :func:`attend_chunks`: ``[E, 1, N * group, L]``
     (0 where ``mask`` attends, -inf elsewhere; each query row repeated for its group)."""
     e, n, length = mask.shape
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return bias[:, None, :, None, :].expand(e, 1, n, group, length).reshape(e, 1, n * group, length)
+    return _additive(mask, dtype)[:, None, :, None, :].expand(e, 1, n, group, length).reshape(e, 1, n * group, length)
 
 
 def merge_partials(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
