@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from structgen.backends.embedded.compute_thread import ComputeThread
 from structgen.backends.embedded.engine import Engine, EngineConfig
 from structgen.backends.embedded.generation import GenSequence
 from structgen.backends.embedded.kernel_cache import bound_kernel_caches
@@ -108,12 +109,19 @@ class EmbeddedBackend(Backend):
         torch_dtype = _pick_dtype(dtype, self.device)
         if self.device == "cpu" and torch_dtype in (torch.bfloat16, torch.float16):
             bound_kernel_caches()  # before the first oneDNN kernel: see kernel_cache
-        loaded = load_model(model, device=self.device, dtype=torch_dtype)
+        # the model loads on the engine's thread: one thread runs all of its torch work
+        # (see compute_thread: a second one would slow every kernel)
+        thread = ComputeThread()
+        try:
+            loaded = thread.call(lambda: load_model(model, device=self.device, dtype=torch_dtype))
+        except BaseException:
+            thread.stop()
+            raise
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
         self.hf_model = loaded.model
         #: the decode engine every request runs on (BackendError if it cannot run the model)
-        self._engine: DecodeEngine | None = Engine(loaded.model, engine or EngineConfig())
+        self._engine: DecodeEngine | None = Engine(loaded.model, engine or EngineConfig(), thread=thread)
         self.vocab_size = int(loaded.model.get_output_embeddings().weight.shape[0])
         self._compiler: Any = None
         tok = self.tokenizer

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 
 from structgen.backends.embedded import drafting
+from structgen.backends.embedded.compute_thread import ComputeThread
 from structgen.backends.embedded.generation import GenSequence
 from structgen.backends.embedded.heap import HeapTrimmer
 from structgen.backends.embedded.model import DecoderModel, SeqInput
@@ -99,12 +100,22 @@ class _Job:
 
 
 class Engine:
-    def __init__(self, hf_model: Any, config: EngineConfig = EngineConfig(), *, dtype: Any = None):
+    """``thread``: the :class:`ComputeThread` that loaded ``hf_model``, if any (the engine
+    takes it over: its torch work then runs on the thread that already ran some, see
+    :mod:`.compute_thread`); else the engine starts its own."""
+
+    def __init__(self, hf_model: Any, config: EngineConfig = EngineConfig(), *, dtype: Any = None,
+                 thread: ComputeThread | None = None):
         self.config = config
-        self.model = DecoderModel.from_hf(hf_model, dtype=dtype)
+        self._thread = thread or ComputeThread()
+        try:
+            self.model = self._thread.call(lambda: DecoderModel.from_hf(hf_model, dtype=dtype))
+            self.kv = self._thread.call(lambda: self.model.new_kv_pool(num_slots=config.kv_tokens))
+        except BaseException:
+            self._thread.stop()
+            raise
         self.context_length = self.model.context_length
         self.pool = BlockPool(config.kv_tokens, page_size=1)
-        self.kv = self.model.new_kv_pool(num_slots=config.kv_tokens)
         self.cache = RadixCache(1, disabled=not config.prefix_cache)
         self.scheduler = Scheduler(self.pool, self.cache, SchedulerConfig(
             max_running_seqs=config.max_running, max_prefill_tokens=config.max_prefill_tokens,
@@ -125,8 +136,7 @@ class Engine:
         self.draft_tokens = 0  # drafted (computed speculatively)
         self.draft_accepted = 0  # drafted and then chosen by the sampler
         self._heap = HeapTrimmer()  # freed activations go back to the OS every few hundred sequences
-        self._thread = threading.Thread(target=self._loop, name="structgen-engine", daemon=True)
-        self._thread.start()
+        self._loop_done = self._thread.submit(self._loop)
 
     # -- the protocol (any thread) -----------------------------------------------------------
     def generate(self, seqs: Sequence[GenSequence]) -> list[Outcome]:
@@ -202,7 +212,12 @@ class Engine:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        if not self._thread.is_current():
+            try:
+                self._loop_done.result(timeout=30)
+            except Exception:  # a loop that did not end in time, or raised: the thread goes regardless
+                log.warning("the engine loop did not end cleanly on close", exc_info=True)
+        self._thread.stop(timeout=None if self._loop_done.done() else 0)
         self._masks.shutdown(wait=True)
 
     def _submit(self, jobs: list[_Job]) -> None:
