@@ -203,11 +203,10 @@ def chunk_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tens
 
 def merge_partials(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor,
                    l2: torch.Tensor) -> torch.Tensor:
-    """Merge two normalized partial attentions over disjoint keys by log-sum-exp."""
-    m = torch.maximum(l1, l2)
-    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
-    w = (w1 + w2)[..., None]
-    return ((o1.float() * w1[..., None] + o2.float() * w2[..., None]) / w).to(o1.dtype)
+    """Merge two normalized partial attentions over disjoint keys by log-sum-exp:
+    ``(e^l1 o1 + e^l2 o2) / (e^l1 + e^l2) = o2 + sigmoid(l1 - l2) (o1 - o2)``, one ``lerp``
+    (in float inside the kernel; the weight in the outputs' dtype)."""
+    return torch.lerp(o2, o1, torch.sigmoid(l1 - l2)[..., None].to(o1.dtype))
 
 
 # -- the per-forward plan ---------------------------------------------------------------

@@ -91,14 +91,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class _Layer:
-    __slots__ = ("down", "down_b", "gate", "gate_b", "k", "k_b", "k_norm", "ln1", "ln2", "o", "o_b",
-                 "q", "q_b", "q_norm", "up", "up_b", "v", "v_b", "window")
+    """One decoder layer's weights, the projections that read the same input fused: q, k and
+    v as one ``[(H + 2 KV) * D, hidden]`` matrix, gate and up as one ``[2 * I, hidden]`` (one
+    matrix product each instead of three and two). Where the model's dtype and device are the
+    engine's, the transformers modules are rebound to views of the fused tensors, so the
+    weights stay in memory once."""
+
+    __slots__ = ("down", "down_b", "gate_up", "gate_up_b", "k_norm", "ln1", "ln2", "o", "o_b",
+                 "q_norm", "qkv", "qkv_b", "window")
 
     def __init__(self, hf_layer: Any, dtype: torch.dtype, window: int | None) -> None:
         a, m = hf_layer.self_attn, hf_layer.mlp
@@ -111,15 +112,36 @@ class _Layer:
             bias = getattr(mod, "bias", None)
             return None if bias is None else bias.detach().to(dtype)
 
-        self.q, self.k, self.v, self.o = w(a.q_proj), w(a.k_proj), w(a.v_proj), w(a.o_proj)
-        self.q_b, self.k_b, self.v_b, self.o_b = b(a.q_proj), b(a.k_proj), b(a.v_proj), b(a.o_proj)
-        self.gate, self.up, self.down = w(m.gate_proj), w(m.up_proj), w(m.down_proj)
-        self.gate_b, self.up_b, self.down_b = b(m.gate_proj), b(m.up_proj), b(m.down_proj)
+        self.qkv, self.qkv_b = _fuse([a.q_proj, a.k_proj, a.v_proj], dtype)
+        self.gate_up, self.gate_up_b = _fuse([m.gate_proj, m.up_proj], dtype)
+        self.o, self.down = w(a.o_proj), w(m.down_proj)
+        self.o_b, self.down_b = b(a.o_proj), b(m.down_proj)
         self.q_norm = w(a.q_norm) if hasattr(a, "q_norm") else None
         self.k_norm = w(a.k_norm) if hasattr(a, "k_norm") else None
         self.ln1 = w(hf_layer.input_layernorm)
         self.ln2 = w(hf_layer.post_attention_layernorm)
         self.window = window
+
+
+def _fuse(mods: list[Any], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The modules' weights stacked by rows (and their biases, None if none has one; a zero
+    bias for one without). Modules already in ``dtype`` are rebound to views of the stack."""
+    weight = torch.cat([mod.weight.detach().to(dtype) for mod in mods])
+    biases = [getattr(mod, "bias", None) for mod in mods]
+    bias = None
+    if any(x is not None for x in biases):
+        bias = torch.cat([x.detach().to(dtype) if x is not None else
+                          torch.zeros(mod.weight.shape[0], dtype=dtype, device=weight.device)
+                          for x, mod in zip(biases, mods, strict=True)])
+    row = 0
+    for mod in mods:
+        n = mod.weight.shape[0]
+        if mod.weight.dtype == dtype and mod.weight.device == weight.device:
+            mod.weight.data = weight[row:row + n]
+            if bias is not None and mod.bias is not None:
+                mod.bias.data = bias[row:row + n]
+        row += n
+    return weight, bias
 
 
 class DecoderModel:
@@ -147,7 +169,7 @@ class DecoderModel:
         self.lm_head = hf_model.lm_head.weight.detach().to(self.dtype)
         self._inv_freq = inner.rotary_emb.inv_freq.detach().float().to(self.device)
         self._rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
-        self._cos = self._sin = torch.empty(0)
+        self._cos = self._sin_signed = torch.empty(0)
         self._rope_table(min(int(getattr(cfg, "max_position_embeddings", 4096)), 1 << 16))
 
     @classmethod
@@ -167,7 +189,9 @@ class DecoderModel:
         freqs = pos[:, None] * self._inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos = (emb.cos() * self._rope_scale).to(self.dtype)
-        self._sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        half = sin.shape[-1] // 2  # rotate_half(x) * sin == cat(x2, x1) * sin_signed
+        self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     # -- batch building -------------------------------------------------------------------
     def prepare(self, inputs: Sequence[SeqInput], *, cascade: bool | None = None,
@@ -222,23 +246,26 @@ class DecoderModel:
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.embed.index_select(0, batch.input_ids)
         cos = self._cos.index_select(0, batch.positions)[:, None, :]
-        sin = self._sin.index_select(0, batch.positions)[:, None, :]
+        sin = self._sin_signed.index_select(0, batch.positions)[:, None, :]
+        hq = h + kvh  # q and k heads: rotated together
+        half = d // 2
         for i, layer in enumerate(self.layers):
             y = _rms_norm(x, layer.ln1, self.eps)
-            q = F.linear(y, layer.q, layer.q_b).view(t, h, d)
-            k = F.linear(y, layer.k, layer.k_b).view(t, kvh, d)
-            v = F.linear(y, layer.v, layer.v_b).view(t, kvh, d)
+            qkv = F.linear(y, layer.qkv, layer.qkv_b).view(t, hq + kvh, d)
+            qk, v = qkv[:, :hq], qkv[:, hq:]
             if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per head
-                q = _rms_norm(q, layer.q_norm, self.eps)
-                k = _rms_norm(k, layer.k_norm, self.eps)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+                qk = torch.cat((_rms_norm(qk[:, :h], layer.q_norm, self.eps),
+                                _rms_norm(qk[:, h:], layer.k_norm, self.eps)), dim=1)
+            # RoPE: x * cos + rotate_half(x) * sin, with rotate_half's sign folded into sin
+            qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
+            q, k = qk[:, :h], qk[:, h:]
             kv.write(i, batch.write_slots, k, v)
             a = run_attention(q, kv, i, batch.plans[layer.window], self.scale)
             x = x + F.linear(a.reshape(t, h * d), layer.o, layer.o_b)
             y = _rms_norm(x, layer.ln2, self.eps)
-            g = F.silu(F.linear(y, layer.gate, layer.gate_b)) * F.linear(y, layer.up, layer.up_b)
-            x = x + F.linear(g, layer.down, layer.down_b)
+            gu = F.linear(y, layer.gate_up, layer.gate_up_b)
+            inter = gu.shape[-1] // 2
+            x = x + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down, layer.down_b)
         if batch.logit_rows.numel() == 0:
             return torch.empty(0, self.lm_head.shape[0], device=x.device)
         x = _rms_norm(x.index_select(0, batch.logit_rows), self.norm, self.eps)

@@ -22,7 +22,7 @@ def test_callables_run_in_order_on_one_thread_and_their_errors_reach_the_caller(
         with pytest.raises(ZeroDivisionError):
             ct.call(lambda: 1 / 0)
         assert ct.call(lambda: ct.call(lambda: "inline")) == "inline"  # a call from the thread runs at once
-        assert ct.call(lambda: threading.current_thread()) is seen[0][1]  # still the same thread after an error
+        assert ct.call(threading.current_thread) is seen[0][1]  # still the same thread after an error
     finally:
         ct.stop()
     assert not ct.alive
@@ -45,8 +45,7 @@ def test_the_thread_takes_the_creators_torch_thread_count():
 
 @pytest.mark.model
 def test_the_backend_loads_its_model_and_decodes_on_the_engine_thread(monkeypatch):
-    import structgen.backends.embedded.adapter as adapter
-    from structgen.backends.embedded import EmbeddedBackend
+    from structgen.backends.embedded import EmbeddedBackend, adapter
     from structgen.backends.embedded.model import DecoderModel
     from structgen.contract.backend import GenerateRequest, SamplingParams
 

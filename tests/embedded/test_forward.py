@@ -147,7 +147,17 @@ def _hf_logits(hf, ids):
 def test_weights_are_shared_not_copied(models):
     hf, m, _ = models
     assert m.embed.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
-    assert m.layers[0].q.data_ptr() == hf.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    layer, hf_layer = m.layers[0], hf.model.layers[0]
+    a, mlp = hf_layer.self_attn, hf_layer.mlp
+    # q, k, v (and gate, up) are fused into one matrix; the transformers modules now view it
+    for whole, mods in ((layer.qkv, [a.q_proj, a.k_proj, a.v_proj]), (layer.gate_up, [mlp.gate_proj, mlp.up_proj])):
+        row = 0
+        for mod in mods:
+            assert mod.weight.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+            assert torch.equal(mod.weight, whole[row:row + mod.weight.shape[0]])
+            row += mod.weight.shape[0]
+        assert row == whole.shape[0]
+    assert layer.o.data_ptr() == a.o_proj.weight.data_ptr() and layer.down.data_ptr() == mlp.down_proj.weight.data_ptr()
 
 
 @pytest.mark.model
