@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -404,16 +405,19 @@ def _cascade_groups(contexts: list[torch.Tensor], min_shared: int) -> list[tuple
     prefix slots in total (a shared prefix of ``n`` slots saves ``n * (members - 1)``
     reads); prefixes shorter than ``min_shared`` are not worth a group.
     """
-    order = sorted(range(len(contexts)), key=lambda i: contexts[i].tolist())
+    # sorted as lists of slots, compared as big-endian bytes (memcmp; slots are >= 0)
+    arrays = [c.numpy() for c in contexts]
+    keys = [a.astype(">i8").tobytes() for a in arrays]
+    order = sorted(range(len(contexts)), key=keys.__getitem__)
 
-    def lcp(a: torch.Tensor, b: torch.Tensor) -> int:
+    def lcp(a: np.ndarray, b: np.ndarray) -> int:
         n = min(len(a), len(b)) - 1
         if n <= 0:
             return 0
-        diff = (a[:n] != b[:n]).nonzero()
-        return n if diff.numel() == 0 else int(diff[0, 0])
+        diff = np.flatnonzero(a[:n] != b[:n])
+        return n if diff.size == 0 else int(diff[0])
 
-    links = [lcp(contexts[order[i]], contexts[order[i + 1]]) for i in range(len(order) - 1)]
+    links = [lcp(arrays[order[i]], arrays[order[i + 1]]) for i in range(len(order) - 1)]
 
     def best(lo: int, hi: int) -> tuple[int, list[tuple[int, list[int]]]]:
         """Members order[lo..hi] (inclusive): (slots saved, groups)."""

@@ -115,6 +115,8 @@ class BlockPool:
         if start < 0 or end < start or blocks_for_tokens(end, self.page_size) > len(blocks):
             raise KVCacheError(f"positions {start}..{end} are outside {len(blocks)} blocks")
         p = self.page_size
+        if p == 1:  # a block is a slot
+            return blocks[start:end]
         return [blocks[i // p] * p + i % p for i in range(start, end)]
 
     def _check_id(self, block: int) -> None:
