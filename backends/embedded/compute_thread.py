@@ -8,8 +8,8 @@ the kernel, which costs more than a small kernel itself. Loading a model on the 
 thread and decoding on the engine's thread made exactly that second team. Measured on
 2 cores: a bfloat16 multiply of ``[256, 576]`` took 18-22 us on the only thread to run
 torch work and 44-100 us on a second one; the extraction job (512 of
-``bench/extract.py``'s documents) went from 11.0-11.2 to 13.0-13.8 docs/s, and from 1.40
-to 1.83 cores busy, when the load and the engine ran on one thread.
+``bench/extract.py``'s documents) went from 11.0-11.2 to 14.7 docs/s, and from 1.40 to
+1.83 cores busy, once the load and the engine ran on one thread.
 
 So :class:`~structgen.backends.embedded.engine.Engine` builds its model, pools and loop
 on a :class:`ComputeThread`, and :class:`~structgen.backends.embedded.adapter.EmbeddedBackend`
