@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -175,6 +176,7 @@ class ExtractWorker:
         self.journal = journal
         self.retry_failed = job["retry_failed"]
         self.concurrency = job["concurrency"]
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"  # the summary's records per worker
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         import ray
@@ -217,7 +219,8 @@ class ExtractWorker:
                                              journal=_Remote(),  # type: ignore[arg-type]
                                              concurrency=self.concurrency), strict=True):
             lines[i] = done.line
-        return {"line": lines, "resumed": resumed, "extra": [json.dumps(r.extra, default=str) for r in records]}
+        return {"line": lines, "resumed": resumed, "extra": [json.dumps(r.extra, default=str) for r in records],
+                "worker": [self.worker] * len(records)}
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -332,10 +335,13 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
     progress = Progress(stats, quiet=opts.quiet or opts.output == "-")
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-            for line, resumed, extra in zip(batch["line"], batch["resumed"], batch["extra"], strict=True):
+            for line, resumed, extra, worker in zip(batch["line"], batch["resumed"], batch["extra"], batch["worker"],
+                                                    strict=True):
                 result = ExtractResult.from_dict(json.loads(str(line)))
                 writer.write(str(line), json.loads(str(extra)))
                 stats.add(result, resumed=bool(resumed))
+                if not resumed:
+                    stats.workers[str(worker)] += 1
                 progress.update()
     finally:
         progress.close()

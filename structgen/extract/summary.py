@@ -48,6 +48,7 @@ class Stats:
     forced_tokens: int = 0
     computed_records: int = 0  # run now, not taken from the journal
     fields: Counter[str] = field(default_factory=Counter)
+    workers: Counter[str] = field(default_factory=Counter)  # records computed per Ray worker (host:pid)
     started: float = field(default_factory=time.perf_counter)
 
     def add(self, result: ExtractResult, resumed: bool = False) -> None:
@@ -99,7 +100,8 @@ class Stats:
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "prefix_cache_hit_rate": round(self.cache_hit_rate(), 4),
                 "generated_tokens": self.generated_tokens, "forced_tokens": self.forced_tokens,
-                "fill_rate": self.fill_rates()}
+                "fill_rate": self.fill_rates(),
+                **({"computed_by_worker": dict(sorted(self.workers.items()))} if self.workers else {})}
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -83,3 +83,24 @@ def test_the_local_cluster_runs_its_workers_at_the_callers_priority(local_ray: A
     key = "RAY_worker_niceness"  # Ray reads its settings with their own case
     assert os.environ[key] == RAY_ENV[key] == "0"  # set by start_local_ray
     assert local_ray.get(niceness.remote()) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_the_summary_counts_the_records_each_worker_computed(tmp_path: Path, local_ray: Any) -> None:
+    """Two workers on an input Ray reads as several blocks: every record is written once, in
+    order, and the summary says which worker (host:pid) computed how many -- both did."""
+    from structgen.extract.ray_job import RayOptions, run_ray_job
+
+    n = 12
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"r{i}", "text": f"P{i} is {20 + i} years old."}) + "\n"
+                           for i in range(n)))
+    opts = JobOptions(input=str(inp), output=str(tmp_path / "out.jsonl"), schema=SCHEMA,
+                      config=ExtractConfig(max_tokens=12, retries=0), quiet=True, concurrency=2)
+    stats = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
+    assert stats.records == stats.computed_records == n
+    assert [r["id"] for r in _records(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(n)]
+    assert len(stats.workers) == 2 and all(c > 0 for c in stats.workers.values()), stats.workers
+    assert sum(stats.workers.values()) == n
+    assert stats.to_dict()["computed_by_worker"] == dict(sorted(stats.workers.items()))
+    again = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
+    assert again.resumed == n and not again.workers and "computed_by_worker" not in again.to_dict()
