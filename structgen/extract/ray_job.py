@@ -339,9 +339,7 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
                                                     strict=True):
                 result = ExtractResult.from_dict(json.loads(str(line)))
                 writer.write(str(line), json.loads(str(extra)))
-                stats.add(result, resumed=bool(resumed))
-                if not resumed:
-                    stats.workers[str(worker)] += 1
+                stats.add(result, resumed=bool(resumed), worker=str(worker))
                 progress.update()
     finally:
         progress.close()

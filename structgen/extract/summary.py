@@ -51,12 +51,15 @@ class Stats:
     workers: Counter[str] = field(default_factory=Counter)  # records computed per Ray worker (host:pid)
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, result: ExtractResult, resumed: bool = False) -> None:
+    def add(self, result: ExtractResult, resumed: bool = False, worker: str | None = None) -> None:
+        """Count ``result``; ``worker``: the Ray worker that computed it (host:pid), if any."""
         self.records += 1
         if resumed:
             self.resumed += 1
         else:
             self.computed_records += 1
+            if worker:
+                self.workers[worker] += 1
             u = result.usage
             self.prompt_tokens += u.prompt_tokens
             self.cached_tokens += u.cached_tokens
