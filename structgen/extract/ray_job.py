@@ -41,7 +41,7 @@ from structgen.extract.prompt import PromptBuilder
 from structgen.extract.records import ExtractResult, InputRecord
 from structgen.extract.summary import Stats
 
-__all__ = ["RayOptions", "local_cpus", "run_ray_job", "worker_cpus"]
+__all__ = ["RayOptions", "balance_workers", "local_cpus", "run_ray_job", "worker_cpus"]
 
 
 @dataclass(frozen=True)
@@ -235,17 +235,17 @@ def _dataset(ray: Any, opts: JobOptions) -> Any:
         if not paths:
             raise InputError("the glob matches no file", source=src)
         return ray.data.read_binary_files(paths, include_paths=True).map_batches(
-            parse_rows, fn_kwargs={**kw, "files": True})
+            parse_rows, fn_kwargs={**kw, "files": True}, num_cpus=PARSE_CPUS)
     path = Path(src)
     if not path.is_file():
         raise InputError("no such input file", source=src)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return ray.data.read_text(str(path)).map_batches(parse_lines, fn_kwargs=kw)
+        return ray.data.read_text(str(path)).map_batches(parse_lines, fn_kwargs=kw, num_cpus=PARSE_CPUS)
     if suffix == ".csv":
-        return ray.data.read_csv(str(path)).map_batches(parse_rows, fn_kwargs=kw)
+        return ray.data.read_csv(str(path)).map_batches(parse_rows, fn_kwargs=kw, num_cpus=PARSE_CPUS)
     if suffix in (".parquet", ".pq"):
-        return ray.data.read_parquet(str(path)).map_batches(parse_rows, fn_kwargs=kw)
+        return ray.data.read_parquet(str(path)).map_batches(parse_rows, fn_kwargs=kw, num_cpus=PARSE_CPUS)
     raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
 
 
@@ -262,6 +262,24 @@ RAY_ENV = {
     # of 2 cores against the local job's 1.45). The engine is the work: same priority.
     "RAY_worker_niceness": "0",
 }
+
+
+#: the CPUs a parse task asks for: parsing is light, and a task asking for a whole CPU waits
+#: behind the engine actors, which hold the cores (Ray Data then holds the workers back)
+PARSE_CPUS = 0.25
+
+
+def balance_workers(ctx: Any) -> None:
+    """Ray Data settings that keep every worker of the pool busy (``ctx``: the driver's
+    ``DataContext``). With Ray's defaults, a 600-record job with two workers on three CPUs
+    computed 512 records on one worker and 88 on the other: Ray Data budgets the object
+    store by ``target_max_block_size`` (128 MiB) per task, not by the blocks' real size, so
+    on a 256 MiB store it held tasks back and fed one actor. Our blocks are records of text:
+    a 1 MiB target makes the budget real; the pool starts dispatching once all its actors
+    are up (an engine loads in seconds to minutes: a 15-minute wait), and each actor
+    holds one batch at a time (:func:`run_ray_job`), so a free actor takes the next one."""
+    ctx.target_max_block_size = 1024 * 1024
+    ctx.wait_for_min_actors_s = 900
 
 
 def local_cpus() -> int:
@@ -320,6 +338,7 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
+    balance_workers(ctx)
     jpath = opts.journal_path()
     journal = ray.remote(num_cpus=0)(JournalActor).remote(str(jpath)) if jpath is not None else None
     job = {"instructions": opts.instructions, "few_shot": opts.few_shot, "schema": opts.schema,
@@ -328,7 +347,8 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
              "backend_kwargs": dict(ropts.backend_kwargs)}
     ds = _dataset(ray, opts).map_batches(
         ExtractWorker, fn_constructor_kwargs={"job": job, "ray_opts": rdict, "journal": journal},
-        batch_size=ropts.batch_size, concurrency=ropts.workers,
+        batch_size=ropts.batch_size,
+        compute=ray.data.ActorPoolStrategy(size=ropts.workers, max_tasks_in_flight_per_actor=1),
         num_cpus=worker_cpus(ropts, _largest_node_cpus(ray)))
     stats = Stats(total=opts.total if opts.total is not None else count_lines(opts.input))
     writer = open_writer(opts.output, opts.output_format)
