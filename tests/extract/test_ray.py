@@ -85,31 +85,12 @@ def test_the_local_cluster_runs_its_workers_at_the_callers_priority(local_ray: A
     assert local_ray.get(niceness.remote()) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def test_the_summary_counts_the_records_each_worker_computed(tmp_path: Path, local_ray: Any) -> None:
+def test_two_workers_share_the_records_and_the_summary_counts_each_ones(tmp_path: Path, local_ray: Any) -> None:
     """Two workers on an input Ray reads as several blocks: every record is written once, in
-    order, and the summary says which worker (host:pid) computed how many -- both did."""
-    from structgen.extract.ray_job import RayOptions, run_ray_job
-
-    n = 12
-    inp = tmp_path / "in.jsonl"
-    inp.write_text("".join(json.dumps({"id": f"r{i}", "text": f"P{i} is {20 + i} years old."}) + "\n"
-                           for i in range(n)))
-    opts = JobOptions(input=str(inp), output=str(tmp_path / "out.jsonl"), schema=SCHEMA,
-                      config=ExtractConfig(max_tokens=12, retries=0), quiet=True, concurrency=2)
-    stats = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
-    assert stats.records == stats.computed_records == n
-    assert [r["id"] for r in _records(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(n)]
-    assert len(stats.workers) == 2 and all(c > 0 for c in stats.workers.values()), stats.workers
-    assert sum(stats.workers.values()) == n
-    assert stats.to_dict()["computed_by_worker"] == dict(sorted(stats.workers.items()))
-    again = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
-    assert again.resumed == n and not again.workers and "computed_by_worker" not in again.to_dict()
-
-
-def test_two_workers_share_the_records(tmp_path: Path, local_ray: Any) -> None:
-    """The pool keeps both workers busy: with Ray Data's defaults one worker took most of
-    the batches while the other waited (512 of 600 records measured); each worker holds one
-    batch at a time, so neither computes more than about twice the other's share."""
+    order, and the summary says which worker (host:pid) computed how many. The pool keeps
+    both busy: with Ray Data's defaults one worker took most of the batches while the other
+    waited (512 of 600 records measured, and this test failed); each worker holds one batch
+    at a time, so neither computes much more than twice the other's share."""
     from structgen.extract.ray_job import RayOptions, run_ray_job
 
     n = 32
@@ -119,5 +100,10 @@ def test_two_workers_share_the_records(tmp_path: Path, local_ray: Any) -> None:
     opts = JobOptions(input=str(inp), output=str(tmp_path / "out.jsonl"), schema=SCHEMA,
                       config=ExtractConfig(max_tokens=12, retries=0), quiet=True, concurrency=2)
     stats = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
-    assert stats.computed_records == n and len(stats.workers) == 2, stats.workers
+    assert stats.records == stats.computed_records == n
+    assert [r["id"] for r in _records(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(n)]
+    assert len(stats.workers) == 2 and sum(stats.workers.values()) == n, stats.workers
     assert min(stats.workers.values()) >= n // 3, stats.workers
+    assert stats.to_dict()["computed_by_worker"] == dict(sorted(stats.workers.items()))
+    again = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
+    assert again.resumed == n and not again.workers and "computed_by_worker" not in again.to_dict()
