@@ -10,7 +10,10 @@ carry, and extraction is mostly copying, so per-field confidence reports both
 * for a string: its normalised text (NFKC, case-folded, whitespace collapsed, surrounding
   punctuation stripped) is a substring of the normalised source;
 * for a number: its value (sign aside) is one of the numbers written in the source
-  (``12``, ``12.50``; digit groups such as ``1,200`` read as ``1200``);
+  (``12``, ``12.50``, ``.5``, ``1e-9``; digit groups such as ``1,200`` read as ``1200``;
+  compared to 12 significant digits, so ``1e-09`` matches and small values stay apart), or
+  a number word of the source (``zero`` to ``twenty``, the tens, ``dozen``, ``hundred``,
+  ``thousand``, ``million``, ``billion``: "assuming initial velocity is zero" gives 0);
 * absent for booleans, null and empty strings (the source cannot show them).
 
 :func:`structgen.extract.confidence.rank` orders leaves for review with this signal, and
@@ -26,7 +29,7 @@ import unicodedata
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["DIGIT_GROUP", "Source", "leaves", "normalize"]
+__all__ = ["DIGIT_GROUP", "NUMBER_WORDS", "Source", "leaves", "normalize"]
 
 _SPACE = re.compile(r"\s+")
 _PUNCT = " \t\n\"'`.,;:!?()[]{}<>«»“”‘’。，、；：！？（）【】"
@@ -39,11 +42,25 @@ def normalize(text: str) -> str:
     return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold())
 
 
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+#: a number as written: digits with an optional fraction and exponent (the text is case-folded)
+_NUMBER = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:e[+-]?\d+)?")
+_WORD = re.compile(r"[^\W\d_]+")
+#: the number words a source may spell a value with
+_UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+          "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+_TENS = ("thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+NUMBER_WORDS = ({w: float(i) for i, w in enumerate(_UNITS)} | {w: 10.0 * i for i, w in enumerate(_TENS, start=3)}
+                | {"dozen": 12.0, "hundred": 100.0, "thousand": 1e3, "million": 1e6, "billion": 1e9})
+
+
+def _number_key(value: float) -> float:
+    """How numbers are compared: by value to 12 significant digits, sign aside."""
+    return float(f"{abs(value):.12g}")
 
 
 def _numbers(text: str) -> set[float]:
-    return {round(float(m), 9) for m in _NUMBER.findall(text)}
+    found = {_number_key(float(m)) for m in _NUMBER.findall(text)}
+    return found | {_number_key(NUMBER_WORDS[w]) for w in _WORD.findall(text) if w in NUMBER_WORDS}
 
 
 def leaves(value: Any) -> Iterator[Any]:
@@ -70,7 +87,7 @@ class Source:
         if value is None or isinstance(value, bool):
             return None
         if isinstance(value, (int, float)):
-            return math.isfinite(value) and round(abs(float(value)), 9) in self._numbers
+            return math.isfinite(value) and _number_key(float(value)) in self._numbers
         if isinstance(value, str):
             needle = normalize(value).strip(_PUNCT)
             return (needle in self.text) if needle else None

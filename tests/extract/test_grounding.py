@@ -27,6 +27,17 @@ from structgen.grounding import Source, normalize
     (200, "a total of 1,200 EUR", False),
     (0.05, "a rate of 0.05", True),
     (5, "a rate of 0.05", False),
+    (1e-9, "charges of 1e-9 and 2e-9", True),  # scientific notation, by value
+    (2e-9, "charges of 1E-9 and 2.0e-9", True),
+    (2.5e-10, "a gap of 2.5e-10 m", True),  # small values are not rounded away
+    (1e-10, "a gap of 2.5e-10 m", False),
+    (9, "charges of 1e-9", False),  # an exponent is not a number of its own
+    (0.5, "half-life of .5 s", True),
+    (0, "assuming initial velocity is zero", True),  # number words
+    (12, "a dozen eggs", True),
+    (3, "three apples", True),
+    (3, "threefold", False),  # a whole word only
+    (1, "someone", False),
     (True, "true", None),
     (None, "null", None),
     ("", "anything", None),

@@ -135,7 +135,7 @@ def test_a_grounded_call_stands(compiler):
 
 def test_an_ungrounded_call_is_withdrawn_for_an_answer_and_never_streamed(compiler):
     fb = _backend(compiler)
-    st = ask.run(question="Add the two numbers.", backend=fb, stream=True)
+    st = ask.run(question="Add the numbers.", backend=fb, stream=True)
     streamed = "".join(st.text_iter())
     st.raise_if_failed()
     _, called, answered = fb.requests
@@ -149,7 +149,7 @@ def test_an_ungrounded_call_is_withdrawn_for_an_answer_and_never_streamed(compil
 
 def test_the_check_turned_off_keeps_the_call(compiler):
     fb = _backend(compiler)
-    st = ask.run(question="Add the two numbers.", choice={"mode": "auto", "grounding_threshold": None}, backend=fb)
+    st = ask.run(question="Add the numbers.", choice={"mode": "auto", "grounding_threshold": None}, backend=fb)
     st.raise_if_failed()
     assert len(fb.requests) == 2 and [c.name for c in st.tool_calls("turn")] == ["add"]
     assert "tool_grounding" not in st.get_meta_info("turn")
