@@ -1,4 +1,4 @@
-"""llama.cpp server backend (``llama-cpp-python``): GBNF grammars, validated outputs."""
+"""llama.cpp server backend (``llama-server``): GBNF grammars, validated outputs."""
 
 from structgen.backends.llamacpp.adapter import LlamaCppBackend
 

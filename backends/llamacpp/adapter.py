@@ -1,6 +1,7 @@
-"""llama.cpp through ``llama-cpp-python``'s server: GBNF ``grammar`` on completions, logprobs.
+"""llama.cpp's server (``llama-server``): GBNF ``grammar`` on completions.
 
-``python -m llama_cpp.server`` speaks OpenAI routes plus ``grammar`` (GBNF). It has no
+``llama-server`` (llama.cpp's own; llama-cpp-python's ``python -m llama_cpp.server`` takes
+the same field) speaks OpenAI routes plus ``grammar`` (GBNF). It has no
 regex field and its schema conversion is loose, so every constraint is sent as structgen's
 own GBNF (:mod:`structgen.backends.llamacpp.gbnf`, :mod:`~structgen.backends.llamacpp.gbnf_schema`)
 and the output is checked afterwards against the original constraint
@@ -9,7 +10,7 @@ pin down exactly (e.g. an integer bound) fails as
 :class:`~structgen.errors.OutputValidationError` carrying the raw text, never silently.
 
 Grammars in Lark syntax have no GBNF translation here: a capability error. ``select`` is
-a constrained choice (the server computes prompt logprobs only with ``logits_all``).
+a constrained choice. Install and launch: ``backends/llamacpp/LAUNCH.md``.
 """
 
 from __future__ import annotations
@@ -72,18 +73,18 @@ def grammar_for(spec: ConstraintSpec, *, backend: str = "llamacpp", version: str
 
 
 class LlamaCppBackend(OpenAICompatBackend):
-    """A ``llama_cpp.server`` (llama-cpp-python) server; text prompts to ``/v1/completions``."""
+    """A llama.cpp server (``llama-server``); text prompts to ``/v1/completions``."""
 
     name = "llamacpp"
     route = "completions"
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", **kw: Any):
-        kw.setdefault("max_concurrency", 4)  # the server decodes one request at a time
+        kw.setdefault("max_concurrency", 4)  # llama-server's slots (--parallel)
         super().__init__(base_url, **kw)
         self._grammar_cache: dict[ConstraintSpec, str] = {}
 
     def _server_version(self) -> str | None:
-        return None  # llama_cpp.server exposes no version route
+        return None  # no version route (llama-server's /props carries a build string only)
 
     def _capabilities_for(self, version: str | None) -> Capabilities:
         return Capabilities(

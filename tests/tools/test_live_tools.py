@@ -14,7 +14,7 @@ import pytest
 
 import structgen as sg
 from tests.servers import vllm as vllm_server
-from tests.servers.fixtures import LOG_DIR, require_server
+from tests.servers.fixtures import LOG_DIR, require_engine, require_server
 
 pytestmark = pytest.mark.server
 
@@ -91,15 +91,12 @@ def test_vllm_agent_loop(vllm):
     assert not guarded or res.steps[-1].calls[0].error == "not run (loop_guard)"
 
 
-# -- llama.cpp (llama-cpp-python's server, SmolLM2 GGUF): the turn as GBNF ---------------------
+# -- llama.cpp (llama.cpp's llama-server, SmolLM2 GGUF): the turn as GBNF ---------------------
 @pytest.fixture(scope="module")
 def llamacpp():
     from tests.servers import llamacpp as llamacpp_server
 
-    if llamacpp_server.python() is None:
-        root = Path(os.environ.get("STRUCTGEN_ENGINES") or Path.home() / ".cache" / "structgen" / "engines")
-        llamacpp_server.VENV = root / "llamacpp"
-    require_server(llamacpp_server.python() is not None, "llama-cpp-python[server]")
+    require_engine("llamacpp")
     from structgen.backends.embedded.loader import default_gguf_path, resolve_model_dir
     from structgen.backends.llamacpp import LlamaCppBackend
 
