@@ -33,7 +33,7 @@ from structgen.constraints.spec import (
 )
 from structgen.constraints.validation import validate_output
 from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
-from structgen.errors import CapabilityError
+from structgen.errors import BackendError, CapabilityError
 from structgen.tools.spec import ToolCallSpec
 
 __all__ = ["GBNF", "LlamaCppBackend", "grammar_for"]
@@ -84,7 +84,16 @@ class LlamaCppBackend(OpenAICompatBackend):
         self._grammar_cache: dict[ConstraintSpec, str] = {}
 
     def _server_version(self) -> str | None:
-        return None  # no version route (llama-server's /props carries a build string only)
+        """llama-server's build (``/props`` ``build_info``, e.g. ``b11669-Debian``); None
+        where the server has no such route (llama-cpp-python's)."""
+        try:
+            body = self.http.get("/props", what="llama.cpp props", retries=1)
+        except BackendError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        build = body.get("build_info") if isinstance(body, Mapping) else None
+        return str(build) if build else None
 
     def _capabilities_for(self, version: str | None) -> Capabilities:
         return Capabilities(

@@ -177,6 +177,16 @@ def _fake(text: str) -> tuple[LlamaCppBackend, Recorder]:
     return LlamaCppBackend("http://127.0.0.1:9", max_retries=0, tokenizer="", **rec.transports()), rec
 
 
+def test_the_version_is_llama_servers_build_or_none_without_props():
+    b, rec = _fake("x")
+    rec.routes["GET /props"] = {"build_info": "b11669-Debian", "total_slots": 4}
+    b.generate([GenerateRequest(prompt="p")])
+    assert b.version == "b11669-Debian"
+    older, _ = _fake("x")  # llama-cpp-python's server: no /props (404)
+    older.generate([GenerateRequest(prompt="p")])
+    assert older.version is None
+
+
 def test_every_constraint_is_sent_as_gbnf_and_nothing_else():
     b, rec = _fake("12")
     b.generate([GenerateRequest(prompt="p", constraint=RegexSpec("[0-9]+"),
@@ -250,6 +260,7 @@ def test_constraints_hold_on_llama_cpp(backend):
     assert out[2].text in ("yes", "no")
     [sel] = backend.select([SelectRequest(prompt="Colour of grass: ", choices=("green", "purple"))])
     assert sel.index in (0, 1)
+    assert re.fullmatch(r"b\d+.*", backend.version or ""), backend.version  # /props build_info
 
 
 @pytest.mark.server
