@@ -33,7 +33,7 @@ from structgen.constraints.spec import (
 )
 from structgen.constraints.validation import validate_output
 from structgen.contract.backend import Capabilities, GenerateRequest, GenerateResult
-from structgen.errors import BackendError, CapabilityError
+from structgen.errors import CapabilityError
 from structgen.tools.spec import ToolCallSpec
 
 __all__ = ["GBNF", "LlamaCppBackend", "grammar_for"]
@@ -86,12 +86,7 @@ class LlamaCppBackend(OpenAICompatBackend):
     def _server_version(self) -> str | None:
         """llama-server's build (``/props`` ``build_info``, e.g. ``b11669-Debian``); None
         where the server has no such route (llama-cpp-python's)."""
-        try:
-            body = self.http.get("/props", what="llama.cpp props", retries=1)
-        except BackendError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        body = self.http.get_optional("/props", what="llama.cpp props", retries=1)
         build = body.get("build_info") if isinstance(body, Mapping) else None
         return str(build) if build else None
 

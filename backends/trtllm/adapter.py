@@ -39,7 +39,7 @@ from structgen.constraints.spec import (
     RegexSpec,
 )
 from structgen.contract.backend import Capabilities
-from structgen.errors import BackendError, CapabilityError
+from structgen.errors import CapabilityError
 
 __all__ = ["GUIDED", "TRTLLMBackend", "llm_api_guided_kwargs"]
 
@@ -101,12 +101,7 @@ class TRTLLMBackend(OpenAICompatBackend):
         super().__init__(base_url, **kw)
 
     def _server_version(self) -> str | None:
-        try:
-            body = self.http.get("/version", what="trtllm version", retries=1)
-        except BackendError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        body = self.http.get_optional("/version", what="trtllm version", retries=1)
         return str(body.get("version")) if isinstance(body, Mapping) and body.get("version") else None
 
     def _capabilities_for(self, version: str | None) -> Capabilities:

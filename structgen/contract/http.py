@@ -311,6 +311,16 @@ class HttpClient:
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
 
+    def get_optional(self, path: str, **kw: Any) -> Any:
+        """GET a JSON body, or None where the server has no such route (404): for routes
+        only some servers or versions have (a version or properties route)."""
+        try:
+            return self.get(path, **kw)
+        except BackendError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def get_text(self, path: str, *, timeout: float | None = None, deadline: float | Deadline | None = None) -> str:
         """GET a text body (e.g. Prometheus ``/metrics``), no retries."""
         coro = self._call("GET", path, None, what=f"GET {path}", timeout=timeout, retries=0,

@@ -50,6 +50,16 @@ def test_retryable_status_is_retried_then_succeeds(status):
     assert len(calls) == 2
 
 
+def test_get_optional_is_none_on_404_only():
+    handler, calls = _sequence((404, {"detail": "Not Found"}))
+    assert _client(handler).get_optional("/props") is None and len(calls) == 1
+    handler, _ = _sequence((200, {"build_info": "b1"}))
+    assert _client(handler).get_optional("/props") == {"build_info": "b1"}
+    handler, _ = _sequence((500, {"error": {"message": "boom"}}))
+    with pytest.raises(BackendError, match="boom"):
+        _client(handler).get_optional("/props")
+
+
 def test_retries_are_bounded_and_error_is_typed():
     handler, calls = _sequence((503, {"error": {"message": "overloaded"}}))
     with pytest.raises(BackendError) as info:
