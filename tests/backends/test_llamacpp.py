@@ -271,12 +271,13 @@ def test_program_suite_on_llama_cpp(backend, case):
 
 @pytest.mark.server
 def test_429_then_success_and_stall_timeout(server):
+    # version given: no /props request, so each fault falls on the completion it is meant for
     with FaultProxy(server.url, plan=[429, "pass"]) as proxy:
-        b = LlamaCppBackend(proxy.url, model="smollm2", tokenizer="", backoff=0.01, max_retries=2)
+        b = LlamaCppBackend(proxy.url, model="smollm2", version="b1", tokenizer="", backoff=0.01, max_retries=2)
         [ok] = b.generate([GenerateRequest(prompt="x", constraint=RegexSpec("[a-z]{3}"))])
         assert re.fullmatch("[a-z]{3}", ok.text) and b.stats()["retries"] == 1
     with FaultProxy(server.url, plan=["stall"]) as proxy:
-        b = LlamaCppBackend(proxy.url, model="smollm2", tokenizer="", timeout=2.0, max_retries=0)
+        b = LlamaCppBackend(proxy.url, model="smollm2", version="b1", tokenizer="", timeout=2.0, max_retries=0)
         t0 = time.monotonic()
         [stalled] = b.generate([GenerateRequest(prompt="y")])
         assert isinstance(stalled, BackendError) and "stalled" in str(stalled)

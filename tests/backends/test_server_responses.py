@@ -49,7 +49,7 @@ def _triton(url: str) -> TritonBackend:
 
 
 def _llamacpp(url: str) -> LlamaCppBackend:
-    return LlamaCppBackend(url, model="m", tokenizer="", max_retries=0)
+    return LlamaCppBackend(url, model="m", version="b1", tokenizer="", max_retries=0)
 
 
 # adapter, the body its route answers with ``value`` where the generated text belongs, the field
