@@ -145,37 +145,14 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, log_dir: Path,
                  timeout: float, concurrency: int = 8) -> Result:
-    import socket
-    import urllib.request
-
     from structgen.backends.llamacpp.gbnf_schema import json_schema_to_gbnf
+    from tests.servers import llamacpp as llamacpp_server
 
     res = Result("llamacpp", docs=len(prompts))
-    exe = engines.llama_server()
-    if exe is None:
-        raise RuntimeError(engines.skip_reason("llamacpp"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    argv = [str(exe), "--model", gguf, "--host", "127.0.0.1", "--port", str(port), "--alias", "smollm2",
-            "--ctx-size", str(2048 * concurrency), "--parallel", str(concurrency), "--threads", "2", "--no-webui"]
-    log = open(log_dir / "llamacpp.log", "w")  # noqa: SIM115  (the server's stdout until it is stopped)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    # concurrency slots of 2,048 tokens each; raises, naming the install, when it is missing
+    server = llamacpp_server.start(gguf, log_dir, parallel=concurrency)
+    base = server.url
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}; see {log_dir / 'llamacpp.log'}")
-            try:
-                with urllib.request.urlopen(base + "/v1/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not ready after 180s")
-            time.sleep(1)
         grammar = json_schema_to_gbnf(schema)
         body = {"model": "smollm2", "max_tokens": max_tokens, "temperature": 0.0, "grammar": grammar}
         # Warm-up on an unrelated short prompt: loads everything without caching our prefix.
@@ -189,13 +166,7 @@ def run_llamacpp(prompts: list[str], schema: dict, max_tokens: int, gguf: str, l
             res.outputs = list(pool.map(one, prompts))
         res.seconds = time.perf_counter() - start
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        server.stop()
     res.valid = validate(res.outputs, schema)
     return res
 

@@ -52,8 +52,8 @@ def python(name: str) -> Path | None:
 
 def llama_server() -> Path | None:
     """llama.cpp's server in the llamacpp engine folder, or None when it is not installed."""
-    exe = venv("llamacpp") / "bin" / "llama-server"
-    return exe if exe.is_file() and installed("llamacpp") else None
+    exe = venv("llamacpp") / ENGINES["llamacpp"][0]
+    return exe if exe.is_file() else None
 
 
 def skip_reason(name: str) -> str:
