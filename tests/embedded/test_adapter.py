@@ -28,25 +28,60 @@ from structgen.contract.backend import (
     SelectRequest,
     SelectResult,
 )
-from structgen.errors import CapabilityError, ConstraintError, ProgramError
+from structgen.errors import BackendError, CapabilityError, ConstraintError, ProgramError
 
 IPV4 = r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)"
 ISO_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 
 
 # -- pure parts: no model ------------------------------------------------------------------
-def test_dtype_auto_picks_bf16_only_where_the_cpu_computes_it(monkeypatch):
+def test_dtype_auto_is_measured_on_the_cpu_and_the_default_stays_float32():
     import torch
 
     from structgen.backends.embedded import adapter as mod
 
-    assert isinstance(mod.cpu_has_native_bf16(), bool)
-    monkeypatch.setattr(mod, "cpu_has_native_bf16", lambda: True)
-    assert mod._pick_dtype("auto", "cpu") is torch.bfloat16
+    assert mod._pick_dtype("auto", "cpu") is None  # measured on the model's thread
     assert mod._pick_dtype(None, "cpu") is torch.float32  # the default stays batch-invariant
-    monkeypatch.setattr(mod, "cpu_has_native_bf16", lambda: False)
-    assert mod._pick_dtype("auto", "cpu") is torch.float32
     assert mod._pick_dtype("float16", "cpu") is torch.float16
+    assert mod._pick_dtype(torch.bfloat16, "cpu") is torch.bfloat16
+    with pytest.raises(BackendError, match="unknown dtype"):
+        mod._pick_dtype("float12", "cpu")
+
+
+def test_dtype_choice_takes_bf16_unless_float32_is_clearly_faster(monkeypatch):
+    import torch
+
+    from structgen.backends.embedded import dtype_choice as dc
+
+    assert dc.choose(150.0, 300.0) is torch.float32  # this project's AVX512-BF16 Xeon, no AMX
+    assert dc.choose(900.0, 300.0) is torch.bfloat16  # an AMX CPU
+    assert dc.choose(150.0, 160.0) is torch.bfloat16  # within the margin: bf16's half memory
+    assert dc.choose(150.0, 150.0 * dc.MARGIN + 1) is torch.float32
+    assert isinstance(dc.cpu_has_native_bf16(), bool)
+    dc.pick_cpu_dtype.cache_clear()
+    try:
+        monkeypatch.setattr(dc, "cpu_has_native_bf16", lambda: False)
+        monkeypatch.setattr(dc, "probe_rates", lambda: pytest.fail("probed a CPU without bf16"))
+        none = dc.pick_cpu_dtype()
+        assert none.dtype is torch.float32 and none.bf16_gflops is None
+        assert "no bf16 instruction set" in none.describe()
+        dc.pick_cpu_dtype.cache_clear()
+        monkeypatch.setattr(dc, "cpu_has_native_bf16", lambda: True)
+        monkeypatch.setattr(dc, "probe_rates", lambda: (150.0, 300.0))
+        slow = dc.pick_cpu_dtype()
+        assert slow.dtype is torch.float32 and "bfloat16 150 GFLOP/s, float32 300 GFLOP/s" in slow.describe()
+        dc.pick_cpu_dtype.cache_clear()
+        monkeypatch.setattr(dc, "probe_rates", lambda: (900.0, 300.0))
+        assert dc.pick_cpu_dtype().dtype is torch.bfloat16
+    finally:
+        dc.pick_cpu_dtype.cache_clear()
+
+
+def test_the_dtype_probe_times_both_dtypes():
+    from structgen.backends.embedded import dtype_choice as dc
+
+    bf16, fp32 = dc.probe_rates((32, 64, 64), reps=2)
+    assert bf16 > 0 and fp32 > 0
 
 
 def test_common_prefix_len():

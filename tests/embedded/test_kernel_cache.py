@@ -87,3 +87,32 @@ def test_backend_bounds_before_loading_a_reduced_precision_cpu_model(
         adapter.EmbeddedBackend(device="cpu", dtype=dtype)
     expected = str(kernel_cache.CAPACITY) if bounded else None
     assert seen == dict.fromkeys(kernel_cache.ENV, expected)
+
+
+@pytest.mark.parametrize(("rates", "chosen"), [((900.0, 300.0), torch.bfloat16), ((150.0, 300.0), torch.float32)])
+def test_auto_probes_with_bounded_caches_and_loads_the_dtype_it_chose(
+        monkeypatch: pytest.MonkeyPatch, rates: tuple[float, float], chosen: torch.dtype) -> None:
+    from structgen.backends.embedded import dtype_choice
+
+    for name in kernel_cache.ENV:
+        monkeypatch.delenv(name, raising=False)
+    seen: dict[str, object] = {}
+
+    def probe_rates() -> tuple[float, float]:
+        seen["probe"] = {name: os.environ.get(name) for name in kernel_cache.ENV}  # before the first bf16 kernel
+        return rates
+
+    def load_model(model: object, *, device: str, dtype: torch.dtype) -> None:
+        seen["dtype"] = dtype
+        raise _Loaded
+
+    monkeypatch.setattr(dtype_choice, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(dtype_choice, "probe_rates", probe_rates)
+    monkeypatch.setattr(adapter, "load_model", load_model)
+    dtype_choice.pick_cpu_dtype.cache_clear()
+    try:
+        with pytest.raises(_Loaded):
+            adapter.EmbeddedBackend(device="cpu", dtype="auto")
+    finally:
+        dtype_choice.pick_cpu_dtype.cache_clear()
+    assert seen == {"probe": dict.fromkeys(kernel_cache.ENV, str(kernel_cache.CAPACITY)), "dtype": chosen}
