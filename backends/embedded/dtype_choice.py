@@ -19,6 +19,7 @@ The probe runs on the thread that will run the model (see :mod:`.compute_thread`
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -29,6 +30,8 @@ from structgen.backends.embedded.kernel_cache import bound_kernel_caches
 
 __all__ = ["MARGIN", "PROBE_REPS", "PROBE_SHAPE", "DtypeChoice", "choose", "cpu_has_native_bf16", "pick_cpu_dtype",
            "probe_rates"]
+
+log = logging.getLogger("structgen.embedded")
 
 #: rows, inputs, outputs of the timed product: a batched decode step's layer of a small model
 PROBE_SHAPE = (256, 1024, 1024)
@@ -98,7 +101,10 @@ def probe_rates(shape: tuple[int, int, int] = PROBE_SHAPE, reps: int = PROBE_REP
 def pick_cpu_dtype() -> DtypeChoice:
     """``auto``'s dtype on this CPU (measured once per process; call it on the model's thread)."""
     if not cpu_has_native_bf16():
-        return DtypeChoice(torch.float32, native_bf16=False)
-    bound_kernel_caches()  # before the process's first bf16 kernel (the probe's): see kernel_cache
-    bf16, fp32 = probe_rates()
-    return DtypeChoice(choose(bf16, fp32), native_bf16=True, bf16_gflops=bf16, fp32_gflops=fp32)
+        choice = DtypeChoice(torch.float32, native_bf16=False)
+    else:
+        bound_kernel_caches()  # before the process's first bf16 kernel (the probe's): see kernel_cache
+        bf16, fp32 = probe_rates()
+        choice = DtypeChoice(choose(bf16, fp32), native_bf16=True, bf16_gflops=bf16, fp32_gflops=fp32)
+    log.info("dtype auto: %s", choice.describe())
+    return choice

@@ -29,10 +29,13 @@ most ``k'`` calls, each tool's bounds as large as its share allows. When not eve
 fit, ``k' = 1`` and the single call is fitted to the whole budget as above. (The count has
 one separator to spare: ``k'`` calls have ``k' - 1`` separators.)
 
-The bounds are a plan, not a proof, where a schema gives nothing to bound: numbers are
-counted at :data:`NUMBER_CHARS` characters (a JSON schema cannot bound a number's digits),
+The bounds are a plan, not a proof, where a schema gives nothing to bound: integers are
+bounded to :data:`NUMBER_CHARS` characters (:data:`~structgen.constraints.schema.bounds.INTEGER_BOUND`),
+other numbers counted at that length (a JSON schema cannot bound a fraction's digits),
 a character written as a ``\\uXXXX`` escape or outside ASCII may take more than one
-token, a schema without a type (any JSON) is counted as a bounded string, and free text
+token, a schema without a type (any JSON) is counted as a bounded string, an open object's keys
+are counted at the bound but not held to it (llguidance 1.9 does not implement
+``propertyNames``), and free text
 (a thinking section without ``max_chars``, text before a native call) is not counted.
 """
 

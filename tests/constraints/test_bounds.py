@@ -11,7 +11,14 @@ import pytest
 from structgen.constraints.bitmask import allocate_token_bitmask
 from structgen.constraints.compiler import CompileCache, compiler_for
 from structgen.constraints.schema import schema_validator
-from structgen.constraints.schema.bounds import bounded_schema, fit_cap, items_cap, json_chars
+from structgen.constraints.schema.bounds import (
+    INTEGER_BOUND,
+    NUMBER_CHARS,
+    bounded_schema,
+    fit_cap,
+    items_cap,
+    json_chars,
+)
 from structgen.constraints.spec import json_schema_spec
 from structgen.errors import ConstraintError
 from tests.constraints.test_maskbench_sample import DATA, _accepted, _names
@@ -59,6 +66,36 @@ def test_the_schemas_own_bounds_and_minimums_win():
     assert "maxLength" not in schema["properties"]["long"]  # a copy
 
 
+def test_integers_are_bounded_to_their_counted_length_unless_the_schema_says_otherwise():
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer"}, "small": {"type": "integer", "minimum": 0, "maximum": 10},
+        "opt": {"type": ["integer", "null"]}, "x": {"type": "number"},
+        "huge": {"type": "integer", "minimum": 10 ** 12}, "neg": {"type": "integer", "exclusiveMaximum": -10 ** 13}}}
+    p = bounded_schema(schema, 10)["properties"]
+    assert (p["n"]["minimum"], p["n"]["maximum"]) == (-INTEGER_BOUND, INTEGER_BOUND)
+    assert (p["small"]["minimum"], p["small"]["maximum"]) == (0, 10)  # the schema's own, tighter
+    assert p["opt"]["maximum"] == INTEGER_BOUND
+    assert "maximum" not in p["x"] and "minimum" not in p["x"]  # a fraction's digits cannot be bounded
+    assert "maximum" not in p["huge"] and "minimum" not in p["neg"]  # never below what the schema requires
+    assert len(json.dumps(-INTEGER_BOUND)) == NUMBER_CHARS == json_chars(schema["properties"]["n"], schema, 10)
+    check = schema_validator(bounded_schema(schema, 10))
+    assert check.is_valid({"n": INTEGER_BOUND, "opt": -INTEGER_BOUND, "huge": 10 ** 15})
+    assert not check.is_valid({"n": INTEGER_BOUND + 1}) and not check.is_valid({"opt": -INTEGER_BOUND - 1})
+
+
+def test_an_open_objects_values_are_bounded_strings_as_counted():
+    schema = {"type": "object", "properties": {"model": {"type": "object"}}, "additionalProperties": False}
+    model = bounded_schema(schema, 10)["properties"]["model"]
+    assert model["additionalProperties"] == {"type": "string", "maxLength": 10}
+    check = schema_validator(bounded_schema(schema, 10))
+    assert check.is_valid({"model": {"kind": "x" * 10}})
+    assert not check.is_valid({"model": {"kind": "x" * 11}}) and not check.is_valid({"model": {"kind": [1]}})
+    longest = {"model": {chr(97 + i) * 10: "v" * 10 for i in range(items_cap(10))}}  # keys counted at cap
+    assert json_chars(schema, schema, 10) == len(json.dumps(longest, separators=(",", ":")))
+    typed = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert bounded_schema(typed, 10)["additionalProperties"]["maximum"] == INTEGER_BOUND  # its own type, bounded
+
+
 def test_the_engine_holds_the_bound(tokenizer):
     compiler = compiler_for(tokenizer, cache=CompileCache(maxsize=4))
     mask = allocate_token_bitmask(1, compiler.vocab_size, kind="numpy")
@@ -67,6 +104,11 @@ def test_the_engine_holds_the_bound(tokenizer):
     assert _accepted(compiled, enc({"name": "x" * 12}), mask, compiler.eos_token_id)
     assert not _accepted(compiled, enc({"name": "x" * 13}), mask, compiler.eos_token_id)
     assert not _accepted(compiled, enc({"name": "a", "tags": ["t"] * (items_cap(12) + 1)}), mask, compiler.eos_token_id)
+    digits = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    compiled = compiler.compile(json_schema_spec(bounded_schema(digits, 12)))
+    assert _accepted(compiled, enc({"n": INTEGER_BOUND}), mask, compiler.eos_token_id)
+    assert _accepted(compiled, enc({"n": -INTEGER_BOUND}), mask, compiler.eos_token_id)
+    assert not _accepted(compiled, enc({"n": 10 ** 11}), mask, compiler.eos_token_id)  # a runaway integer stops
 
 
 def test_on_maskbench_a_bounded_schema_compiles_and_accepts_a_subset(tokenizer):

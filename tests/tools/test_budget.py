@@ -32,6 +32,7 @@ from structgen.tools.budget import (
     fit_calls,
     fit_to_budget,
 )
+from structgen.tools.definition import as_tool
 from structgen.tools.formats import FORMATS, INJECTED
 from structgen.tools.spec import MAX_PARALLEL, ToolRequest, build_spec
 from structgen.tools.staging import calls_written, closing, next_stage
@@ -79,6 +80,38 @@ def test_the_longest_call_fits_the_budget_and_the_grammar_holds_the_bound(compil
     items = ", ".join(['"t"'] * (max(2, cap // 6) + 1))
     assert not accepts(compiler, spec, head + f'x", "tags": [{items}]')  # one item too many: refused
     assert spec.validate_output(head + "a" * cap + '", "tags": ["t"]}}]</tool_call>').calls[0].name == "note"
+
+
+@sg.tool
+def evolve(species: str, years: int) -> str:
+    """Simulate evolution over some years."""
+    return species
+
+
+def test_a_budgeted_call_cannot_run_away_in_an_integer(compiler):
+    """BFCL's irrelevance_44: SmolLM2 wrote ``"evolution_duration": 1000...`` until
+    ``max_tokens`` cut the call; a budgeted grammar stops an integer at NUMBER_CHARS."""
+    from structgen.constraints.schema.bounds import INTEGER_BOUND
+
+    spec = build_spec([evolve], INJECTED, tool_choice="required", max_tokens=192)
+    head = '<tool_call>[{"name": "evolve", "arguments": {"species": "whale", "years": '
+    assert accepts(compiler, spec, head + f"{INTEGER_BOUND}}}}}]</tool_call>")
+    assert accepts(compiler, spec, head + f"-{INTEGER_BOUND}}}}}]</tool_call>")
+    assert not accepts(compiler, spec, head + "1" + "0" * 11)  # the twelfth digit is refused
+    loose = build_spec([evolve], INJECTED, tool_choice="required")  # no budget: no bound
+    assert accepts(compiler, loose, head + "1" + "0" * 40 + "}}]</tool_call>")
+
+
+def test_a_budgeted_call_cannot_run_away_in_an_open_objects_value(compiler):
+    """BFCL's irrelevance_69: a ``dict`` argument with no properties; SmolLM2 wrote a
+    ``"description"`` inside it until ``max_tokens`` cut the call."""
+    model = as_tool({"type": "function", "function": {
+        "name": "predict", "description": "Predict with a model.",
+        "parameters": {"type": "object", "properties": {"model": {"type": "object"}}, "required": ["model"]}}})
+    spec = build_spec([model], INJECTED, tool_choice="required", max_tokens=96)
+    head = '<tool_call>[{"name": "predict", "arguments": {"model": {"description": "'
+    assert not accepts(compiler, spec, head + "x" * 96)
+    assert accepts(compiler, spec, head + 'x"}}}]</tool_call>')
 
 
 def test_no_budget_no_bound(compiler):

@@ -10,8 +10,18 @@ longest text fits a character budget.
 
 Used by tool calls (:mod:`structgen.tools.budget`: a call closes within ``max_tokens``) and
 by extraction (:mod:`structgen.extract.extractor`: a runaway string cannot eat the record's
-budget). The counts are a plan where a schema gives nothing to bound: numbers are counted
-at :data:`NUMBER_CHARS` characters, a schema without a type (any JSON) as a bounded string,
+budget). Integers are bounded too: at most :data:`INTEGER_BOUND` in size (``minimum`` /
+``maximum``, the schema's own if tighter; left as they are where the schema requires
+larger), so they take at most :data:`NUMBER_CHARS` characters: a small model that starts
+``10000000...`` is stopped after eleven digits, where before it could run until
+``max_tokens`` cut its call (BFCL's ``irrelevance_44``, an ``evolution_duration`` in years).
+An open object's values (``additionalProperties`` absent or true) are any JSON, bounded
+as a string like any untyped value (BFCL's ``irrelevance_69``: a ``dict`` argument whose
+value ran on as a string until ``max_tokens``). Its keys are counted at ``cap`` but not
+held to it: llguidance 1.9 does not implement ``propertyNames``.
+The counts are a plan where a schema gives nothing to bound: other numbers are counted
+at :data:`NUMBER_CHARS` characters (a JSON schema cannot bound a fraction's digits without
+forbidding values such as ``1e-9``), a schema without a type (any JSON) as a bounded string,
 a recursive schema past :data:`MAX_DEPTH` levels as one bounded string; strings with a
 ``pattern`` or ``format`` and whatever sits under ``not``, ``if`` or ``oneOf`` (where
 narrowing is not monotone) are left as the schema gives them but counted at ``cap``.
@@ -26,10 +36,13 @@ from typing import Any
 from structgen.constraints.schema.keywords import ANNOTATIONS
 from structgen.constraints.schema.refs import Pointers
 
-__all__ = ["MAX_DEPTH", "NUMBER_CHARS", "bounded_schema", "fit_cap", "items_cap", "json_chars"]
+__all__ = ["INTEGER_BOUND", "MAX_DEPTH", "NUMBER_CHARS", "bounded_schema", "fit_cap", "items_cap", "json_chars"]
 
-#: characters counted for a JSON number (its digits cannot be bounded by a schema)
+#: characters counted for a JSON number: an integer's longest bounded text (sign and
+#: eleven digits); a plan for other numbers (their digits cannot be bounded by a schema)
 NUMBER_CHARS = 12
+#: the largest size of a bounded integer: eleven digits, ``NUMBER_CHARS`` with the sign
+INTEGER_BOUND = 10 ** (NUMBER_CHARS - 1) - 1
 #: deeper (recursive) schemas are counted as one bounded string
 MAX_DEPTH = 12
 #: where the walk descends, by the role of the subschema: a *value* (it describes a whole
@@ -160,15 +173,38 @@ def _bound(node: Any, cap: int, branch: bool = False) -> Any:
         out["maxLength"] = _string_max(out, cap)
     if "array" in kinds:
         out["maxItems"] = _items_max(out, cap)
+    if "integer" in kinds and "number" not in kinds:
+        _bound_integer(out)
+    if not branch and "object" in kinds and out.get("additionalProperties", True) is True:
+        out["additionalProperties"] = _bound({}, cap)  # any JSON: a bounded string, as counted
     if not branch and "object" in kinds and out.get("additionalProperties", True) is not False:
         out["maxProperties"] = max(len(out.get("properties") or {}) + min(
             items_cap(cap), _int(out, "maxProperties", items_cap(cap))), _int(out, "minProperties", 0))
     return out
 
 
+def _number(node: dict[str, Any], key: str) -> float | None:
+    value = node.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _bound_integer(node: dict[str, Any]) -> None:
+    """``maximum`` / ``minimum`` of at most :data:`INTEGER_BOUND` in size, unless the
+    schema's own are tighter or its other side requires values beyond the bound."""
+    lo, hi = _number(node, "minimum"), _number(node, "maximum")
+    lo_x, hi_x = _number(node, "exclusiveMinimum"), _number(node, "exclusiveMaximum")
+    floor = max((v for v in (lo, lo_x) if v is not None), default=None)
+    ceiling = min((v for v in (hi, hi_x) if v is not None), default=None)
+    if (hi is None or hi > INTEGER_BOUND) and (floor is None or floor < INTEGER_BOUND):
+        node["maximum"] = INTEGER_BOUND
+    if (lo is None or lo < -INTEGER_BOUND) and (ceiling is None or ceiling > -INTEGER_BOUND):
+        node["minimum"] = -INTEGER_BOUND
+
+
 def bounded_schema(schema: dict[str, Any], cap: int) -> dict[str, Any]:
-    """``schema`` with strings at most ``cap`` characters and arrays :func:`items_cap`
-    items, each never below the schema's own minimum (a copy; ``$defs`` bounded too)."""
+    """``schema`` with strings at most ``cap`` characters, arrays :func:`items_cap` items and
+    integers at most :data:`INTEGER_BOUND` in size, each never below the schema's own
+    minimum (a copy; ``$defs`` bounded too)."""
     return dict(_bound(copy.deepcopy(schema), cap))
 
 
