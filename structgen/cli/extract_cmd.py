@@ -74,7 +74,8 @@ def extract_command(
         "--model", "-m", rich_help_panel=_MODEL,
         help="Model: a local path / .gguf for embedded, the served model name for servers.")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", rich_help_panel=_MODEL,
-                                              help="Embedded model dtype: float32 (default on CPU), bfloat16, auto.")
+                                              help="Embedded model dtype: float32 (default on CPU), bfloat16, or auto "
+                                                   "(bfloat16 where a load-time probe measures it faster).")
                      ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, rich_help_panel=_GEN,
                                             help="Most tokens generated per attempt.")] = 512,
