@@ -43,10 +43,10 @@ MARGIN = 1.1
 
 @dataclass(frozen=True)
 class DtypeChoice:
-    """What ``auto`` chose on this CPU, and why: the probe's rates (GFLOP/s; None: not probed)."""
+    """What ``auto`` chose on this CPU, and why: the probe's rates (GFLOP/s; None: not
+    probed, the CPU lists no bf16 instruction set)."""
 
     dtype: torch.dtype
-    native_bf16: bool
     bf16_gflops: float | None = None
     fp32_gflops: float | None = None
 
@@ -54,8 +54,7 @@ class DtypeChoice:
         """One line for logs and benchmark output."""
         name = str(self.dtype).removeprefix("torch.")
         if self.bf16_gflops is None or self.fp32_gflops is None:
-            why = "CPU has a bf16 instruction set, not probed" if self.native_bf16 else "no bf16 instruction set"
-            return f"{name} ({why})"
+            return f"{name} (no bf16 instruction set)"
         return f"{name} (probe: bfloat16 {self.bf16_gflops:.0f} GFLOP/s, float32 {self.fp32_gflops:.0f} GFLOP/s)"
 
 
@@ -101,10 +100,10 @@ def probe_rates(shape: tuple[int, int, int] = PROBE_SHAPE, reps: int = PROBE_REP
 def pick_cpu_dtype() -> DtypeChoice:
     """``auto``'s dtype on this CPU (measured once per process; call it on the model's thread)."""
     if not cpu_has_native_bf16():
-        choice = DtypeChoice(torch.float32, native_bf16=False)
+        choice = DtypeChoice(torch.float32)
     else:
         bound_kernel_caches()  # before the process's first bf16 kernel (the probe's): see kernel_cache
         bf16, fp32 = probe_rates()
-        choice = DtypeChoice(choose(bf16, fp32), native_bf16=True, bf16_gflops=bf16, fp32_gflops=fp32)
+        choice = DtypeChoice(choose(bf16, fp32), bf16_gflops=bf16, fp32_gflops=fp32)
     log.info("dtype auto: %s", choice.describe())
     return choice

@@ -175,11 +175,12 @@ def _bound(node: Any, cap: int, branch: bool = False) -> Any:
         out["maxItems"] = _items_max(out, cap)
     if "integer" in kinds and "number" not in kinds:
         _bound_integer(out)
-    if not branch and "object" in kinds and out.get("additionalProperties", True) is True:
-        out["additionalProperties"] = _bound({}, cap)  # any JSON: a bounded string, as counted
-    if not branch and "object" in kinds and out.get("additionalProperties", True) is not False:
-        out["maxProperties"] = max(len(out.get("properties") or {}) + min(
-            items_cap(cap), _int(out, "maxProperties", items_cap(cap))), _int(out, "minProperties", 0))
+    if not branch and "object" in kinds:
+        if out.get("additionalProperties", True) is True:
+            out["additionalProperties"] = _bound({}, cap)  # any JSON: a bounded string, as counted
+        if out["additionalProperties"] is not False:
+            out["maxProperties"] = max(len(out.get("properties") or {}) + min(
+                items_cap(cap), _int(out, "maxProperties", items_cap(cap))), _int(out, "minProperties", 0))
     return out
 
 
