@@ -11,8 +11,12 @@ it repeats no earlier call and uses something of the question the earlier calls 
 (an uncovered number, or a string of the question none of them holds: "Maroon 5" after
 "Taylor Swift"); otherwise it is dropped (kept in the gen's meta as ``dropped_calls``) and
 the block ends where it was.
-The model still chooses every value; the rule only decides whether one more call is
-asked for, and the grammar holds every call to its schema.
+The call a coverage stage asks for is *steered* (:func:`steered`): each tool with a numeric
+argument that can take one of the uncovered numbers must put one of them in one such argument
+(which argument and which number is the model's choice, as is every other value); a tool
+without one is offered as it is. Without this the 135M model mostly repeats its first call
+(dropped: the turn keeps one call where the question asked for several).
+The grammar holds every call to its schema.
 
 The numbers are those written in the last user message (digit groups such as ``1,200``
 read as ``1200``; a digit right after a letter, as in ``HbA1c``, is part of a name, not a
@@ -24,14 +28,18 @@ affected. ``tool_choice={"coverage": False}`` turns it off.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from structgen.grounding import DIGIT_GROUP, leaves, normalize
 from structgen.tools.calls import ToolCall
+from structgen.tools.definition import Tool
 
-__all__ = ["adds_coverage", "call_numbers", "question_numbers", "uncovered"]
+__all__ = ["adds_coverage", "call_numbers", "question_numbers", "steered", "uncovered"]
 
 #: a number as a user writes it: a digit run not glued to a preceding letter (``HbA1c``, ``COVID19``)
 _NUMBER = re.compile(r"(?<![^\W_])\d+(?:\.\d+)?")
@@ -90,3 +98,56 @@ def adds_coverage(question: str, earlier: Sequence[ToolCall], new: ToolCall) -> 
     for c in earlier:
         used |= _strings(c, question)
     return bool(_strings(new, question) - used)
+
+
+#: a numeric schema's limits and how a value must compare with each
+_LIMITS = {"minimum": float.__ge__, "maximum": float.__le__,
+           "exclusiveMinimum": float.__gt__, "exclusiveMaximum": float.__lt__}
+
+
+def _within(value: float, schema: dict[str, Any], key: str) -> bool:
+    limit = schema.get(key)
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool):
+        return True
+    return bool(_LIMITS[key](float(value), float(limit)))
+
+
+def _fitting(schema: Any, numbers: Collection[float]) -> list[int | float]:
+    """Those of ``numbers`` that a plain numeric parameter ``schema`` takes, as JSON numbers
+    (integral values as ints); none for any other schema (an enum, a union, a string...)."""
+    if not isinstance(schema, dict) or schema.get("type") not in ("integer", "number") or any(
+            k in schema for k in ("enum", "const", "anyOf", "oneOf", "allOf", "not", "$ref", "multipleOf")):
+        return []
+    out: list[int | float] = []
+    for x in sorted(numbers):
+        value: int | float = int(x) if float(x).is_integer() else float(x)
+        if schema["type"] == "integer" and not isinstance(value, int):
+            continue
+        if all(_within(value, schema, key) for key in _LIMITS):
+            out.append(value)
+    return out
+
+
+def steered(tool: Tool, numbers: Collection[float]) -> Tool:
+    """``tool`` whose call must use one of ``numbers``: one of its top-level numeric
+    parameters takes one of them (required, then), the model choosing which parameter
+    and which number; ``tool`` itself where no parameter can take one. Every call of the
+    steered tool is a call of ``tool``."""
+    params = tool.parameters
+    props = params.get("properties")
+    if not numbers or not isinstance(props, dict):
+        return tool
+    required = list(params.get("required") or [])
+    variants = []
+    for name, schema in props.items():
+        values = _fitting(schema, numbers)
+        if not values:
+            continue
+        variant = copy.deepcopy(params)
+        variant["properties"][name] = {**schema, "enum": values}
+        variant["required"] = required if name in required else [*required, name]
+        variants.append(variant)
+    if not variants:
+        return tool
+    steer = variants[0] if len(variants) == 1 else {"anyOf": variants}  # no keyword beside the branches
+    return dataclasses.replace(tool, parameters=steer)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from structgen.tools.budget import CALL_FLOOR, block_chars, fit_to_budget, longest_call
+from structgen.tools.coverage import steered
 from structgen.tools.definition import Tool
 from structgen.tools.formats import ToolFormat
 from structgen.tools.grammar import tool_grammar
@@ -52,10 +53,11 @@ def _reserve(fmt: ToolFormat, tools: Sequence[Tool], calls: int) -> int:
 
 
 def _stage_grammar(fmt: ToolFormat, tools: Sequence[Tool], mode: str, *, max_tokens: int, reserved: int,
-                   stage: str, think: tuple[Any, ...] | None = None) -> str:
-    """One stage's grammar: its call bounded to ``max_tokens`` less ``reserved`` characters."""
+                   stage: str, think: tuple[Any, ...] | None = None, steer: Collection[float] = ()) -> str:
+    """One stage's grammar: its call bounded to ``max_tokens`` less ``reserved`` characters
+    (and held to use one of ``steer``'s numbers where a tool can: :func:`~structgen.tools.coverage.steered`)."""
     fitted = fit_to_budget(fmt, tools, max_tokens=max_tokens, reserved=reserved)
-    return tool_grammar(fmt, [t for t, _ in fitted], mode=mode, max_calls=1, think=think,
+    return tool_grammar(fmt, [steered(t, steer) for t, _ in fitted], mode=mode, max_calls=1, think=think,
                         caps=[c for _, c in fitted], stage=stage)
 
 
@@ -96,9 +98,11 @@ def calls_written(spec: ToolCallSpec, text: str) -> int | None:
     return len(calls) if calls else None
 
 
-def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int, force: bool = False) -> ToolCallSpec | None:
+def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int, force: bool = False,
+               steer: Collection[float] = ()) -> ToolCallSpec | None:
     """The spec of the stage after ``calls_done`` calls with ``remaining`` tokens left: the
-    block's end or one more call (``force``: one more call, :mod:`structgen.tools.coverage`);
+    block's end or one more call (``force``: one more call, :mod:`structgen.tools.coverage`,
+    steered to use one of the uncovered numbers ``steer``);
     None when no further call may be made (``k`` written, or one more does not fit): the
     block's end, :func:`closing`, is then added as it is."""
     fmt, tools = spec.call_format, spec.allowed_tools
@@ -108,7 +112,8 @@ def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int, force: bo
     if remaining - 1 - block_chars(fmt) - sep < longest_call(fmt, tools, CALL_FLOOR, lean=True):
         return None
     grammar = _stage_grammar(fmt, tools, spec.mode, max_tokens=remaining, stage="more" if force else "next",
-                             reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1))
+                             reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1),
+                             steer=steer if force else ())
     return dataclasses.replace(spec, grammar=grammar)
 
 

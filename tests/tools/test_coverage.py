@@ -19,10 +19,12 @@ from structgen.constraints.compiler import compiler_for
 from structgen.contract.backend import GenerateResult
 from structgen.errors import ProgramError
 from structgen.tools.calls import ToolCall
-from structgen.tools.coverage import adds_coverage, call_numbers, question_numbers, uncovered
+from structgen.tools.coverage import adds_coverage, call_numbers, question_numbers, steered, uncovered
+from structgen.tools.definition import Tool
 from structgen.tools.formats import INJECTED
 from structgen.tools.grammar import tool_grammar
 from structgen.tools.spec import ToolRequest
+from structgen.tools.staging import next_stage
 
 
 @sg.tool
@@ -31,12 +33,28 @@ def factorial(number: int) -> int:
     return number
 
 
+@sg.tool
+def note(text: str) -> str:
+    """Write a note."""
+    return text
+
+
+@sg.tool
+def em_force(b_field: float, area: float, d_time: int, label: str = "") -> float:
+    """The induced EMF."""
+    return b_field * area / d_time
+
+
 QUESTION = "Find the factorial of 5, 10 and 15."
 END = "]</tool_call>"
 
 
 def _call(n: int | str) -> str:
     return INJECTED.call_json("factorial", {"number": n})
+
+
+def _note(text: str) -> str:
+    return INJECTED.call_json("note", {"text": text})
 
 
 def _tc(args: dict, name: str = "factorial") -> ToolCall:
@@ -89,11 +107,46 @@ def test_the_forced_stage_writes_a_call_and_never_ends_the_block(compiler):
     assert not _accepts(compiler, forced, END) and _accepts(compiler, free, END)
 
 
+def test_a_steered_tool_must_put_an_owed_number_in_one_numeric_argument():
+    s = steered(factorial, {10.0, 15.0})
+    assert s.name == "factorial" and s.parameters["properties"]["number"]["enum"] == [10, 15]
+    assert s.parameters["required"] == ["number"]
+    assert steered(factorial, {2.5}) is factorial  # an integer argument takes no 2.5
+    assert steered(factorial, set()) is factorial and steered(note, {10.0}) is note  # nothing to steer
+    e = steered(em_force, {2.5, 10.0}).parameters
+    assert [list(v["properties"]) for v in e["anyOf"]] == [["b_field", "area", "d_time", "label"]] * 3
+    assert [v["properties"][p]["enum"] for v, p in zip(e["anyOf"], ["b_field", "area", "d_time"], strict=True)] \
+        == [[2.5, 10], [2.5, 10], [10]]
+    assert all(v["required"] == ["b_field", "area", "d_time"] for v in e["anyOf"])
+    assert "enum" not in em_force.parameters["properties"]["d_time"]  # the tool itself is unchanged
+    bounded = Tool(name="bounded", description="",
+                   parameters={"type": "object", "properties": {"n": {"type": "integer", "minimum": 11}}})
+    assert steered(bounded, {10.0, 15.0}).parameters["properties"]["n"]["enum"] == [15]
+
+
+def test_the_steered_stage_refuses_a_repeat_and_numbers_not_owed(compiler):
+    spec = ToolRequest.make([factorial, note, em_force], tool_choice="required", parallel=True).resolve(
+        None, max_tokens=400)
+    stage = next_stage(spec, remaining=300, calls_done=1, force=True, steer={10.0, 15.0})
+    assert stage is not None
+
+    def em(b: float, a: float, t: int) -> str:
+        return INJECTED.call_json("em_force", {"b_field": b, "area": a, "d_time": t})
+
+    for text, ok in [(_call(10), True), (_call(15), True), (_call(5), False), (_call(7), False),
+                     (_note("ten"), True),  # a tool with no numeric argument is offered as it is
+                     (em(5, 2, 10), True), (em(15, 2, 4), True), (em(5, 2, 4), False)]:  # one of its three
+        assert _accepts(compiler, stage.grammar, ", " + text) is ok, text
+    assert not _accepts(compiler, stage.grammar, END)
+    free = next_stage(spec, remaining=300, calls_done=1, force=False, steer={10.0})
+    assert free is not None and _accepts(compiler, free.grammar, ", " + _call(5))  # steering only when forced
+
+
 @sg.program
-def factorials(s, question, choice="required"):
-    s += sg.use_tools([factorial])
+def factorials(s, question, choice="required", tools=(factorial,)):
+    s += sg.use_tools(list(tools))
     s += sg.user(question)
-    s += sg.assistant(sg.gen("turn", tools=[factorial], tool_choice=choice, parallel_tool_calls=True,
+    s += sg.assistant(sg.gen("turn", tools=list(tools), tool_choice=choice, parallel_tool_calls=True,
                              max_tokens=160))
 
 
@@ -125,11 +178,11 @@ def test_uncovered_numbers_ask_for_one_more_call_until_all_are_used(compiler):
     assert "dropped_calls" not in st.get_meta_info("turn")
 
 
-@pytest.mark.parametrize("second", [_call(5), _call(7)])  # a repeat; a number the question did not leave
+@pytest.mark.parametrize("second", [_note("ten"), _note("factorials")])  # strings the question lacks
 def test_a_forced_call_that_adds_no_coverage_is_dropped_and_never_streamed(compiler, tokenizer, second):
     stages: list[str] = []
     fb = FakeBackend(responder=scripted(compiler, ["<tool_call>[" + _call(5), ", " + second], stages))
-    st = factorials.run(question=QUESTION, backend=fb, stream=True)
+    st = factorials.run(question=QUESTION, backend=fb, stream=True, tools=(factorial, note))
     streamed = "".join(st.text_iter())
     st.raise_if_failed()
     assert stages == ["more"] and len(fb.requests) == 2

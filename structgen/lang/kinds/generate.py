@@ -91,8 +91,9 @@ def _finish(interp: Interpreter, pending: Pending, result: GenerateResult) -> No
             from structgen.tools.coverage import uncovered
 
             done, left = len(written), constraint.staged_budget - carry.tokens
-            force = question is not None and bool(uncovered(question, written))
-            stage = next_stage(constraint, remaining=left, calls_done=done, force=force)
+            owed = uncovered(question, written) if question is not None else set()
+            force = bool(owed)
+            stage = next_stage(constraint, remaining=left, calls_done=done, force=force, steer=owed)
             if stage is not None:
                 req: GenerateRequest = pending.request
                 request = replace(req, prompt=req.prompt + text, params=replace(req.params, max_new_tokens=left),
