@@ -113,13 +113,15 @@ def _within(value: float, schema: dict[str, Any], key: str) -> bool:
 
 
 def _fitting(schema: Any, numbers: Collection[float]) -> list[int | float]:
-    """Those of ``numbers`` that a plain numeric parameter ``schema`` takes, as JSON numbers
+    """Those of ``numbers`` that a plain numeric parameter ``schema`` takes, each with either
+    sign (coverage reads numbers sign aside: "a loss of $1000" may be -1000), as JSON numbers
     (integral values as ints); none for any other schema (an enum, a union, a string...)."""
     if not isinstance(schema, dict) or schema.get("type") not in ("integer", "number") or any(
             k in schema for k in ("enum", "const", "anyOf", "oneOf", "allOf", "not", "$ref", "multipleOf")):
         return []
     out: list[int | float] = []
-    for x in sorted(numbers):
+    signed = sorted({abs(float(x)) for x in numbers})
+    for x in signed + [-x for x in signed if x]:
         value: int | float = int(x) if float(x).is_integer() else float(x)
         if schema["type"] == "integer" and not isinstance(value, int):
             continue

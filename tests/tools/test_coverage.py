@@ -109,19 +109,20 @@ def test_the_forced_stage_writes_a_call_and_never_ends_the_block(compiler):
 
 def test_a_steered_tool_must_put_an_owed_number_in_one_numeric_argument():
     s = steered(factorial, {10.0, 15.0})
-    assert s.name == "factorial" and s.parameters["properties"]["number"]["enum"] == [10, 15]
+    assert s.name == "factorial" and s.parameters["properties"]["number"]["enum"] == [10, 15, -10, -15]
     assert s.parameters["required"] == ["number"]
     assert steered(factorial, {2.5}) is factorial  # an integer argument takes no 2.5
     assert steered(factorial, set()) is factorial and steered(note, {10.0}) is note  # nothing to steer
     e = steered(em_force, {2.5, 10.0}).parameters
     assert [list(v["properties"]) for v in e["anyOf"]] == [["b_field", "area", "d_time", "label"]] * 3
     assert [v["properties"][p]["enum"] for v, p in zip(e["anyOf"], ["b_field", "area", "d_time"], strict=True)] \
-        == [[2.5, 10], [2.5, 10], [10]]
+        == [[2.5, 10, -2.5, -10], [2.5, 10, -2.5, -10], [10, -10]]
     assert all(v["required"] == ["b_field", "area", "d_time"] for v in e["anyOf"])
     assert "enum" not in em_force.parameters["properties"]["d_time"]  # the tool itself is unchanged
     bounded = Tool(name="bounded", description="",
                    parameters={"type": "object", "properties": {"n": {"type": "integer", "minimum": 11}}})
-    assert steered(bounded, {10.0, 15.0}).parameters["properties"]["n"]["enum"] == [15]
+    assert steered(bounded, {10.0, 15.0}).parameters["properties"]["n"]["enum"] == [15]  # limits kept
+    assert steered(bounded, {0.0, 12.0}).parameters["properties"]["n"]["enum"] == [12]
 
 
 def test_the_steered_stage_refuses_a_repeat_and_numbers_not_owed(compiler):
@@ -135,7 +136,8 @@ def test_the_steered_stage_refuses_a_repeat_and_numbers_not_owed(compiler):
 
     for text, ok in [(_call(10), True), (_call(15), True), (_call(5), False), (_call(7), False),
                      (_note("ten"), True),  # a tool with no numeric argument is offered as it is
-                     (em(5, 2, 10), True), (em(15, 2, 4), True), (em(5, 2, 4), False)]:  # one of its three
+                     (em(5, 2, 10), True), (em(15, 2, 4), True), (em(5, 2, 4), False),  # one of its three
+                     (_call(-10), True)]:  # either sign: coverage reads numbers sign aside
         assert _accepts(compiler, stage.grammar, ", " + text) is ok, text
     assert not _accepts(compiler, stage.grammar, END)
     free = next_stage(spec, remaining=300, calls_done=1, force=False, steer={10.0})
