@@ -35,6 +35,7 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from structgen.constraints.schema.check import validator_class
 from structgen.grounding import DIGIT_GROUP, leaves, normalize
 from structgen.tools.calls import ToolCall
 from structgen.tools.definition import Tool
@@ -100,34 +101,18 @@ def adds_coverage(question: str, earlier: Sequence[ToolCall], new: ToolCall) -> 
     return bool(_strings(new, question) - used)
 
 
-#: a numeric schema's limits and how a value must compare with each
-_LIMITS = {"minimum": float.__ge__, "maximum": float.__le__,
-           "exclusiveMinimum": float.__gt__, "exclusiveMaximum": float.__lt__}
-
-
-def _within(value: float, schema: dict[str, Any], key: str) -> bool:
-    limit = schema.get(key)
-    if not isinstance(limit, (int, float)) or isinstance(limit, bool):
-        return True
-    return bool(_LIMITS[key](float(value), float(limit)))
-
-
-def _fitting(schema: Any, numbers: Collection[float]) -> list[int | float]:
-    """Those of ``numbers`` that a plain numeric parameter ``schema`` takes, each with either
-    sign (coverage reads numbers sign aside: "a loss of $1000" may be -1000), as JSON numbers
-    (integral values as ints); none for any other schema (an enum, a union, a string...)."""
+def _fitting(schema: Any, numbers: Collection[float], draft: type[Any]) -> list[int | float]:
+    """Those of ``numbers`` that a plain numeric parameter ``schema`` takes (checked by the
+    tool's ``draft`` validator: type, limits), each with either sign (coverage reads numbers
+    sign aside: "a loss of $1000" may be -1000), as JSON numbers (integral values as ints);
+    none for any other schema (an enum, a union, a string...)."""
     if not isinstance(schema, dict) or schema.get("type") not in ("integer", "number") or any(
             k in schema for k in ("enum", "const", "anyOf", "oneOf", "allOf", "not", "$ref", "multipleOf")):
         return []
-    out: list[int | float] = []
+    takes = draft(schema).is_valid
     signed = sorted({abs(float(x)) for x in numbers})
-    for x in signed + [-x for x in signed if x]:
-        value: int | float = int(x) if float(x).is_integer() else float(x)
-        if schema["type"] == "integer" and not isinstance(value, int):
-            continue
-        if all(_within(value, schema, key) for key in _LIMITS):
-            out.append(value)
-    return out
+    values = [int(x) if x.is_integer() else x for x in signed + [-x for x in signed if x]]
+    return [v for v in values if takes(v)]
 
 
 def steered(tool: Tool, numbers: Collection[float]) -> Tool:
@@ -140,9 +125,10 @@ def steered(tool: Tool, numbers: Collection[float]) -> Tool:
     if not numbers or not isinstance(props, dict):
         return tool
     required = list(params.get("required") or [])
+    draft = validator_class(params)
     variants = []
     for name, schema in props.items():
-        values = _fitting(schema, numbers)
+        values = _fitting(schema, numbers, draft)
         if not values:
             continue
         variant = copy.deepcopy(params)
