@@ -17,8 +17,12 @@ arguments left out) and ``k`` calls are not written; else the block's end is add
 a request (it is fixed text). Every call is planned as the single call of the tokens left,
 so the turn closes within ``max_tokens`` whatever the model writes. While the question
 holds numbers no call has used, the next stage offers no end: it writes one more call, which
-stands only if it adds coverage (:mod:`structgen.tools.coverage`; otherwise it is dropped,
-:meth:`Carry.drop`, and the block ends before it). The joined text is
+stands only if it closes and adds coverage (:mod:`structgen.tools.coverage`; otherwise it is
+dropped, :meth:`Carry.drop`, and the block ends before it). Such a call is tried even where
+the tokens left do not hold one more call at its worst (a call of a few numbers and names
+takes far fewer tokens than characters): it is planned at :data:`CALL_FLOOR` and sent with
+the tokens left, and if it does not close within them it is dropped -- the kept turn still
+closes within ``max_tokens``. The joined text is
 validated as one turn; its meta sums the stages' tokens (``completion_tokens``, and the
 backend's ``cached_tokens`` / ``computed_tokens`` / ``forced_tokens``: each stage reads the
 turn so far again, from the cache), keeps the first stage's ``prompt_tokens`` and counts
@@ -104,16 +108,25 @@ def next_stage(spec: ToolCallSpec, *, remaining: int, calls_done: int, force: bo
     block's end or one more call (``force``: one more call, :mod:`structgen.tools.coverage`,
     steered to use one of the uncovered numbers ``steer``);
     None when no further call may be made (``k`` written, or one more does not fit): the
-    block's end, :func:`closing`, is then added as it is."""
+    block's end, :func:`closing`, is then added as it is. A forced call is tried even where
+    one more call does not fit at its longest: its grammar is planned for a call at
+    :data:`CALL_FLOOR` (its optional arguments left out), and a call that does not close
+    within the tokens left is dropped like one that adds no coverage."""
     fmt, tools = spec.call_format, spec.allowed_tools
     if calls_done >= spec.max_calls or not tools:
         return None
     sep = len(fmt.separator)
-    if remaining - 1 - block_chars(fmt) - sep < longest_call(fmt, tools, CALL_FLOOR, lean=True):
-        return None
-    grammar = _stage_grammar(fmt, tools, spec.mode, max_tokens=remaining, stage="more" if force else "next",
-                             reserved=sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1),
-                             steer=steer if force else ())
+    reserved = sep + _reserve(fmt, tools, spec.staged_promise - calls_done - 1)
+    floor_call = longest_call(fmt, tools, CALL_FLOOR, lean=True)
+    plan, room = remaining, remaining - 1 - block_chars(fmt) - sep
+    if room < floor_call:
+        if not force or room <= 0 or not math.isfinite(floor_call):
+            return None
+        # coverage's call is tried where the worst case does not fit: planned as a floor call
+        # (one token per character), it may not close within the tokens left -- it is then dropped
+        plan = math.ceil(floor_call) + 1 + block_chars(fmt) + reserved
+    grammar = _stage_grammar(fmt, tools, spec.mode, max_tokens=plan, stage="more" if force else "next",
+                             reserved=reserved, steer=steer if force else ())
     return dataclasses.replace(spec, grammar=grammar)
 
 
