@@ -13,6 +13,15 @@ by more than :data:`MARGIN` (bf16 halves the memory of the weights and the KV ca
 tie goes to it). A CPU without a bf16 instruction set emulates it (3-4x slower on an
 AVX2-only CPU): float32 there, not probed.
 
+The probe times the kernels, not the machine's load: it runs them on one thread and reads
+that thread's CPU time (``time.thread_time``). Timed by the wall clock with the process's
+threads, it chose wrong whenever other processes held the cores while a model loaded --
+as they do when a Ray worker loads its engine while Ray starts its own processes: with two
+busy-looping processes beside it on the 2-core Xeon, wall-clock probes gave float32 34-80
+GFLOP/s against bfloat16's 66-68 (bfloat16 chosen in 5 of 6 probes, a job then ~1.3x
+slower), where one thread's CPU time gave a ratio of 1.53-1.67 (1.76 with the machine idle),
+float32 every time.
+
 The probe runs on the thread that will run the model (see :mod:`.compute_thread`).
 """
 
@@ -77,21 +86,28 @@ def choose(bf16_gflops: float, fp32_gflops: float, margin: float = MARGIN) -> to
 
 
 def probe_rates(shape: tuple[int, int, int] = PROBE_SHAPE, reps: int = PROBE_REPS) -> tuple[float, float]:
-    """GFLOP/s of one ``[m, k] x [k, n]`` product in bfloat16 and in float32 on this thread
-    (best of ``reps``, the two dtypes interleaved so a slow moment of the machine hits both)."""
+    """GFLOP/s of one core running one ``[m, k] x [k, n]`` product in bfloat16 and in float32
+    on this thread: torch held to one thread, each product timed by this thread's CPU time
+    (other processes taking the cores do not count), best of ``reps``, the two dtypes
+    interleaved."""
     m, k, n = shape
     gen = torch.Generator().manual_seed(0)
     x32, w32 = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
     pairs = {torch.bfloat16: (x32.to(torch.bfloat16), w32.to(torch.bfloat16)), torch.float32: (x32, w32)}
     best = dict.fromkeys(pairs, float("inf"))
-    with torch.inference_mode():
-        for x, w in pairs.values():  # warm-up: oneDNN compiles its bf16 kernel here
-            F.linear(x, w)
-        for _ in range(reps):
-            for dt, (x, w) in pairs.items():
-                t = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            for x, w in pairs.values():  # warm-up: oneDNN compiles its bf16 kernel here
                 F.linear(x, w)
-                best[dt] = min(best[dt], time.perf_counter() - t)
+            for _ in range(reps):
+                for dt, (x, w) in pairs.items():
+                    t = time.thread_time()
+                    F.linear(x, w)
+                    best[dt] = min(best[dt], time.thread_time() - t)
+    finally:
+        torch.set_num_threads(threads)
     flops = 2.0 * m * k * n / 1e9
     return flops / max(best[torch.bfloat16], 1e-9), flops / max(best[torch.float32], 1e-9)
 
