@@ -64,7 +64,8 @@ class DtypeChoice:
         name = str(self.dtype).removeprefix("torch.")
         if self.bf16_gflops is None or self.fp32_gflops is None:
             return f"{name} (no bf16 instruction set)"
-        return f"{name} (probe: bfloat16 {self.bf16_gflops:.0f} GFLOP/s, float32 {self.fp32_gflops:.0f} GFLOP/s)"
+        rates = f"bfloat16 {self.bf16_gflops:.0f} GFLOP/s, float32 {self.fp32_gflops:.0f} GFLOP/s"
+        return f"{name} (probe, one core: {rates})"
 
 
 def cpu_has_native_bf16() -> bool:
