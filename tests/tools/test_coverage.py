@@ -18,7 +18,7 @@ from structgen.backends.fake import FakeBackend
 from structgen.constraints.compiler import compiler_for
 from structgen.contract.backend import GenerateResult
 from structgen.errors import ProgramError
-from structgen.tools.budget import CALL_FLOOR, longest_call
+from structgen.tools.budget import CALL_FLOOR, block_chars, longest_call
 from structgen.tools.calls import ToolCall
 from structgen.tools.coverage import adds_coverage, call_numbers, question_numbers, steered, uncovered
 from structgen.tools.definition import Tool
@@ -147,7 +147,7 @@ def test_the_steered_stage_refuses_a_repeat_and_numbers_not_owed(compiler):
 
 def test_a_forced_call_is_tried_where_one_more_does_not_fit_at_its_longest(compiler):
     spec = ToolRequest.make([factorial], tool_choice="required", parallel=True).resolve(None, max_tokens=400)
-    block = len(INJECTED.open) + len(INJECTED.close) + 2
+    block = block_chars(INJECTED)
     floor = longest_call(INJECTED, [factorial], CALL_FLOOR, lean=True)
     short = block + 1 + len(INJECTED.separator) + int(floor) - 5  # a floor call does not fit
     assert next_stage(spec, remaining=short, calls_done=1, force=False) is None  # the model's choice: the end
@@ -216,9 +216,10 @@ def test_a_forced_call_that_adds_no_coverage_is_dropped_and_never_streamed(compi
 
 def test_a_tried_call_cut_by_the_tokens_left_is_dropped(compiler, tokenizer):
     first = "<tool_call>[" + _call(5)
-    block = len(INJECTED.open) + len(INJECTED.close) + 2
+    block = block_chars(INJECTED)
     left = block + 1 + len(INJECTED.separator) + 10  # fewer than a floor call of factorial takes
     budgets: list[int] = []
+    cuts: list[str] = []
 
     def respond(req):
         budgets.append(req.params.max_new_tokens)
@@ -227,17 +228,18 @@ def test_a_tried_call_cut_by_the_tokens_left_is_dropped(compiler, tokenizer):
         assert not _accepts(compiler, req.constraint.grammar, END)  # coverage's call, not the end
         m = compiler.compile(req.constraint).matcher()
         piece = ", " + _call(10)
-        ids = m.tokenize_bytes(piece.encode())[: req.params.max_new_tokens]
+        ids = m.tokenize_bytes(piece.encode())
+        ids = ids[: min(len(ids) // 2, req.params.max_new_tokens)]  # the tokens ran out inside the call
         assert m.validate_tokens(ids) == len(ids)
-        cut = tokenizer.decode(ids)
-        return GenerateResult(text=cut, finish_reason="length", meta={"completion_tokens": len(ids)})
+        cuts.append(tokenizer.decode(ids))
+        return GenerateResult(text=cuts[-1], finish_reason="length", meta={"completion_tokens": len(ids)})
 
     st = factorials.run(question=QUESTION, backend=FakeBackend(responder=respond))
     st.raise_if_failed()
     assert budgets == [160, left]  # the tried stage is sent with the tokens really left
     assert st["turn"] == first + END and [c.raw_arguments["number"] for c in st.tool_calls("turn")] == [5]
     meta = st.get_meta_info("turn")
-    assert meta["finish_reason"] == "stop" and len(meta["dropped_calls"]) == 1
+    assert meta["finish_reason"] == "stop" and meta["dropped_calls"] == cuts and len(cuts) == 1
     assert meta["completion_tokens"] == 160 - left and meta["tool_stages"] == 2
 
 
