@@ -1,10 +1,15 @@
 """``structgen extract --ray``: the same job as a Ray Data pipeline.
 
     read_text / read_csv / read_parquet / read_binary_files   (the input, in blocks)
-      -> map_batches(parse)            rows -> records (bad lines become error records)
-      -> map_batches(ExtractWorker)    an actor pool; each actor owns an embedded engine
-                                       or is bound to engine servers (--url, balanced)
+      -> map_batches(ExtractWorker)    an actor pool; each actor parses its rows into
+                                       records (bad lines become error records) and owns an
+                                       embedded engine or is bound to engine servers
+                                       (--url, balanced)
       -> the driver streams the rows back in input order into the output file
+
+The actors parse their own rows: a separate parse stage was one more operator for Ray Data
+to schedule, and its records crossed the object store re-encoded as JSON, for work that
+takes microseconds per row.
 
 Exactly-once across restarts uses the same content keys and the same SQLite journal as
 the local job (a row without an id gets one from a hash of its content, since blocks are
@@ -48,7 +53,7 @@ __all__ = ["RayOptions", "balance_workers", "local_cpus", "run_ray_job", "worker
 class RayOptions:
     """Where and how the workers run. ``address``: an existing cluster (``auto``), else a
     local one is started with ``num_cpus`` (default: this machine's cores plus one logical
-    CPU for the pipeline's read and parse tasks). ``workers``: actors in the pool.
+    CPU for the pipeline's read tasks). ``workers``: actors in the pool.
     ``cpus_per_worker``: each actor's CPUs -- its engine's torch threads, as Ray sets
     ``OMP_NUM_THREADS`` from them (default: :func:`worker_cpus`)."""
 
@@ -73,32 +78,11 @@ def _require_ray() -> Any:
 
 # -- pipeline stages (run on Ray workers) ----------------------------------------------------
 
-def _record_row(rec: InputRecord) -> dict[str, Any]:
-    return {"id": rec.id, "text": rec.text, "error": rec.error or "",
-            "messages": json.dumps([list(m) for m in rec.messages]),
-            "schema": "" if rec.schema is None else json.dumps(rec.schema),
-            "extra": json.dumps(rec.extra, default=str)}
-
-
-def _row_record(row: dict[str, Any]) -> InputRecord:
-    return InputRecord(id=str(row["id"]), text=str(row["text"]), error=str(row["error"]) or None,
-                       messages=tuple(tuple(m) for m in json.loads(row["messages"])),
-                       schema=json.loads(row["schema"]) if row["schema"] else None,
-                       extra=json.loads(row["extra"]))
-
-
-def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any]]:
-    return {n: [r[n] for r in rows] for n in names}
-
-
 def _rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
     names = list(batch)
     n = len(batch[names[0]]) if names else 0
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in ((k, batch[k][i]) for k in names)}
             for i in range(n)]
-
-
-_RECORD_COLUMNS = ["id", "text", "error", "messages", "schema", "extra"]
 
 
 def _fallback_id(kind: str, content: str) -> str:
@@ -107,8 +91,8 @@ def _fallback_id(kind: str, content: str) -> str:
     return f"{kind}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
-def parse_lines(batch: dict[str, Any], fields: dict[str, Any], source: str) -> dict[str, list[Any]]:
-    """JSONL lines (``read_text``) -> record rows; a bad line is an error record."""
+def parse_lines(batch: dict[str, Any], fields: dict[str, Any], source: str) -> list[InputRecord]:
+    """JSONL lines (``read_text``'s ``text`` column) -> records; a bad line is an error record."""
     f = Fields(**fields)
     out = []
     for row in _rows(batch):
@@ -117,16 +101,15 @@ def parse_lines(batch: dict[str, Any], fields: dict[str, Any], source: str) -> d
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            rec = InputRecord(id=rid, error=str(InputError(f"not JSON: {exc}", source=source, where=rid)))
+            out.append(InputRecord(id=rid, error=str(InputError(f"not JSON: {exc}", source=source, where=rid))))
         else:
-            rec = _from_mapping(obj, f, source, rid, rid)
-        out.append(_record_row(rec))
-    return _columns(out, _RECORD_COLUMNS)
+            out.append(_from_mapping(obj, f, source, rid, rid))
+    return out
 
 
 def parse_rows(batch: dict[str, Any], fields: dict[str, Any], source: str, files: bool = False
-               ) -> dict[str, list[Any]]:
-    """Table rows (CSV, Parquet) or whole text files -> record rows."""
+               ) -> list[InputRecord]:
+    """Table rows (CSV, Parquet) or whole text files (``path``, ``bytes``) -> records."""
     f = Fields(**fields)
     out = []
     for row in _rows(batch):
@@ -138,8 +121,17 @@ def parse_rows(batch: dict[str, Any], fields: dict[str, Any], source: str, files
         else:
             rid = _fallback_id("row", json.dumps(row, sort_keys=True, default=str))
             rec = _from_mapping(row, f, source, rid, rid)
-        out.append(_record_row(rec))
-    return _columns(out, _RECORD_COLUMNS)
+        out.append(rec)
+    return out
+
+
+def parse_batch(batch: dict[str, Any], parse: dict[str, Any]) -> list[InputRecord]:
+    """A raw input batch -> records, as :func:`_dataset` says how (``parse``: ``kind`` --
+    ``lines``, ``rows`` or ``files`` -- the fields and the source's name)."""
+    kw = {"fields": parse["fields"], "source": parse["source"]}
+    if parse["kind"] == "lines":
+        return parse_lines(batch, **kw)
+    return parse_rows(batch, **kw, files=parse["kind"] == "files")
 
 
 class JournalActor:
@@ -163,9 +155,10 @@ class JournalActor:
 
 class ExtractWorker:
     """One actor of the pool: a backend (an embedded engine, or servers) and an
-    :class:`Extractor`; extracts a batch concurrently, skipping journaled records."""
+    :class:`Extractor`; parses a batch of input rows and extracts its records concurrently,
+    skipping journaled ones."""
 
-    def __init__(self, job: dict[str, Any], ray_opts: dict[str, Any], journal: Any):
+    def __init__(self, job: dict[str, Any], ray_opts: dict[str, Any], journal: Any, parse: dict[str, Any]):
         from structgen.extract.api import make_backend
 
         self.backend = make_backend(ray_opts["backend"], tuple(ray_opts["urls"]), ray_opts["model"],
@@ -174,6 +167,7 @@ class ExtractWorker:
         self.extractor = Extractor(self.backend, job["schema"], config=ExtractConfig(**job["config"]),
                                    prompts=prompts)
         self.journal = journal
+        self.parse = parse
         self.retry_failed = job["retry_failed"]
         self.concurrency = job["concurrency"]
         self.worker = f"{socket.gethostname()}:{os.getpid()}"  # the summary's records per worker
@@ -183,7 +177,7 @@ class ExtractWorker:
 
         from structgen.extract.stream import model_id, record_key, run_records
 
-        records = [_row_record(r) for r in _rows(batch)]
+        records = parse_batch(batch, self.parse)
         model = model_id(self.backend)
         keys = [record_key(self.extractor, r, model)[0] for r in records]
         stored = ray.get(self.journal.get_many.remote(keys)) if self.journal is not None else [None] * len(keys)
@@ -225,27 +219,28 @@ class ExtractWorker:
 
 # -- the driver ---------------------------------------------------------------------------------
 
-def _dataset(ray: Any, opts: JobOptions) -> Any:
+def _dataset(ray: Any, opts: JobOptions) -> tuple[Any, dict[str, Any]]:
+    """The input as a Ray dataset of raw rows, and how the workers parse them
+    (:func:`parse_batch`)."""
     src = opts.input
-    kw = {"fields": asdict(opts.fields), "source": src}
+    parse: dict[str, Any] = {"fields": asdict(opts.fields), "source": src}
     if any(c in src for c in "*?["):
         import glob
 
         paths = sorted(glob.glob(src, recursive=True))
         if not paths:
             raise InputError("the glob matches no file", source=src)
-        return ray.data.read_binary_files(paths, include_paths=True).map_batches(
-            parse_rows, fn_kwargs={**kw, "files": True}, num_cpus=PARSE_CPUS)
+        return ray.data.read_binary_files(paths, include_paths=True), {**parse, "kind": "files"}
     path = Path(src)
     if not path.is_file():
         raise InputError("no such input file", source=src)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return ray.data.read_text(str(path)).map_batches(parse_lines, fn_kwargs=kw, num_cpus=PARSE_CPUS)
+        return ray.data.read_text(str(path)), {**parse, "kind": "lines"}
     if suffix == ".csv":
-        return ray.data.read_csv(str(path)).map_batches(parse_rows, fn_kwargs=kw, num_cpus=PARSE_CPUS)
+        return ray.data.read_csv(str(path)), {**parse, "kind": "rows"}
     if suffix in (".parquet", ".pq"):
-        return ray.data.read_parquet(str(path)).map_batches(parse_rows, fn_kwargs=kw, num_cpus=PARSE_CPUS)
+        return ray.data.read_parquet(str(path)), {**parse, "kind": "rows"}
     raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
 
 
@@ -264,11 +259,6 @@ RAY_ENV = {
 }
 
 
-#: the CPUs a parse task asks for: parsing is light, and a task asking for a whole CPU waits
-#: behind the engine actors, which hold the cores (Ray Data then holds the workers back)
-PARSE_CPUS = 0.25
-
-
 def balance_workers(ctx: Any) -> None:
     """Ray Data settings that keep every worker of the pool busy (``ctx``: the driver's
     ``DataContext``). With Ray's defaults, a 600-record job with two workers on three CPUs
@@ -284,7 +274,7 @@ def balance_workers(ctx: Any) -> None:
 
 def local_cpus() -> int:
     """A local cluster's logical CPUs: the machine's cores, plus one for the pipeline's
-    read and parse tasks (light work that must not wait behind the engine actors, which
+    read tasks (light work that must not wait behind the engine actors, which
     take the cores)."""
     return (os.cpu_count() or 1) + 1
 
@@ -345,8 +335,9 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
            "config": asdict(opts.config), "retry_failed": opts.retry_failed, "concurrency": opts.concurrency}
     rdict = {"backend": ropts.backend, "urls": list(ropts.urls), "model": ropts.model,
              "backend_kwargs": dict(ropts.backend_kwargs)}
-    ds = _dataset(ray, opts).map_batches(
-        ExtractWorker, fn_constructor_kwargs={"job": job, "ray_opts": rdict, "journal": journal},
+    raw, parse = _dataset(ray, opts)
+    ds = raw.map_batches(
+        ExtractWorker, fn_constructor_kwargs={"job": job, "ray_opts": rdict, "journal": journal, "parse": parse},
         batch_size=ropts.batch_size,
         compute=ray.data.ActorPoolStrategy(size=ropts.workers, max_tasks_in_flight_per_actor=1),
         num_cpus=worker_cpus(ropts, _largest_node_cpus(ray)))

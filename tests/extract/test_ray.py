@@ -107,3 +107,31 @@ def test_two_workers_share_the_records_and_the_summary_counts_each_ones(tmp_path
     assert stats.to_dict()["computed_by_worker"] == dict(sorted(stats.workers.items()))
     again = run_ray_job(opts, RayOptions(workers=2, batch_size=2, cpus_per_worker=0.5))
     assert again.resumed == n and not again.workers and "computed_by_worker" not in again.to_dict()
+
+
+def test_csv_and_a_glob_of_text_files_run_on_ray_as_locally(tmp_path: Path, local_ray: Any,
+                                                            embedded_backend: Any) -> None:
+    """The workers parse the rows Ray reads: a CSV's rows (by their id and text columns) and
+    a glob's files (one record each, the id its path) give the local job's records."""
+    from structgen.extract.ray_job import RayOptions, run_ray_job
+
+    csv_in = tmp_path / "in.csv"
+    csv_in.write_text("id,text,source\nc0,Ada is 31 years old.,web\nc1,Bo is 27.,mail\nc2,Cy is 40 years old.,web\n")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, text in enumerate(["Di is 22 years old.", "Eve is 58 years old."]):
+        (folder / f"d{i}.txt").write_text(text)
+    cfg = ExtractConfig(max_tokens=16, retries=0)
+    for name, src in (("csv", str(csv_in)), ("glob", str(folder / "*.txt"))):
+        def opts(out: Path, src: str = src) -> JobOptions:
+            return JobOptions(input=src, output=str(out), schema=SCHEMA, config=cfg, quiet=True, concurrency=4)
+
+        run_job(opts(tmp_path / f"{name}-local.jsonl"), embedded_backend)
+        stats = run_ray_job(opts(tmp_path / f"{name}-ray.jsonl"), RayOptions(workers=1, batch_size=2))
+        local, distributed = _records(tmp_path / f"{name}-local.jsonl"), _records(tmp_path / f"{name}-ray.jsonl")
+        assert stats.records == len(local), name
+        if name == "csv":
+            assert [r["id"] for r in distributed] == ["c0", "c1", "c2"]
+        else:
+            assert [r["id"] for r in distributed] == [str(folder / f"d{i}.txt") for i in range(2)]
+        assert distributed == local, name
