@@ -32,7 +32,9 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +127,6 @@ def parse_rows(batch: dict[str, Any], fields: dict[str, Any], source: str, files
     return out
 
 
-def parse_batch(batch: dict[str, Any], parse: dict[str, Any]) -> list[InputRecord]:
-    """A raw input batch -> records, as :func:`_dataset` says how (``parse``: ``kind`` --
-    ``lines``, ``rows`` or ``files`` -- the fields and the source's name)."""
-    kw = {"fields": parse["fields"], "source": parse["source"]}
-    if parse["kind"] == "lines":
-        return parse_lines(batch, **kw)
-    return parse_rows(batch, **kw, files=parse["kind"] == "files")
-
-
 class JournalActor:
     """Owns the job's SQLite journal (one writer), beside the driver."""
 
@@ -158,7 +151,8 @@ class ExtractWorker:
     :class:`Extractor`; parses a batch of input rows and extracts its records concurrently,
     skipping journaled ones."""
 
-    def __init__(self, job: dict[str, Any], ray_opts: dict[str, Any], journal: Any, parse: dict[str, Any]):
+    def __init__(self, job: dict[str, Any], ray_opts: dict[str, Any], journal: Any,
+                 parse: Callable[[dict[str, Any]], list[InputRecord]]):
         from structgen.extract.api import make_backend
 
         self.backend = make_backend(ray_opts["backend"], tuple(ray_opts["urls"]), ray_opts["model"],
@@ -177,7 +171,7 @@ class ExtractWorker:
 
         from structgen.extract.stream import model_id, record_key, run_records
 
-        records = parse_batch(batch, self.parse)
+        records = self.parse(batch)
         model = model_id(self.backend)
         keys = [record_key(self.extractor, r, model)[0] for r in records]
         stored = ray.get(self.journal.get_many.remote(keys)) if self.journal is not None else [None] * len(keys)
@@ -219,28 +213,28 @@ class ExtractWorker:
 
 # -- the driver ---------------------------------------------------------------------------------
 
-def _dataset(ray: Any, opts: JobOptions) -> tuple[Any, dict[str, Any]]:
-    """The input as a Ray dataset of raw rows, and how the workers parse them
-    (:func:`parse_batch`)."""
+def _dataset(ray: Any, opts: JobOptions) -> tuple[Any, Callable[[dict[str, Any]], list[InputRecord]]]:
+    """The input as a Ray dataset of raw rows, and the function the workers parse a batch
+    of them with (:func:`parse_lines` or :func:`parse_rows`, bound to the fields and source)."""
     src = opts.input
-    parse: dict[str, Any] = {"fields": asdict(opts.fields), "source": src}
+    kw: dict[str, Any] = {"fields": asdict(opts.fields), "source": src}
     if any(c in src for c in "*?["):
         import glob
 
         paths = sorted(glob.glob(src, recursive=True))
         if not paths:
             raise InputError("the glob matches no file", source=src)
-        return ray.data.read_binary_files(paths, include_paths=True), {**parse, "kind": "files"}
+        return ray.data.read_binary_files(paths, include_paths=True), partial(parse_rows, **kw, files=True)
     path = Path(src)
     if not path.is_file():
         raise InputError("no such input file", source=src)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return ray.data.read_text(str(path)), {**parse, "kind": "lines"}
+        return ray.data.read_text(str(path)), partial(parse_lines, **kw)
     if suffix == ".csv":
-        return ray.data.read_csv(str(path)), {**parse, "kind": "rows"}
+        return ray.data.read_csv(str(path)), partial(parse_rows, **kw)
     if suffix in (".parquet", ".pq"):
-        return ray.data.read_parquet(str(path)), {**parse, "kind": "rows"}
+        return ray.data.read_parquet(str(path)), partial(parse_rows, **kw)
     raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
 
 
