@@ -25,7 +25,7 @@ from typing import Any
 from structgen.errors import InputError
 from structgen.extract.records import InputRecord
 
-__all__ = ["Fields", "as_records", "read_records"]
+__all__ = ["Fields", "as_records", "read_records", "source_kind"]
 
 
 @dataclass(frozen=True)
@@ -42,19 +42,38 @@ def read_records(source: str | Path, fields: Fields = Fields()) -> Iterator[Inpu
     src = str(source)
     if src == "-":
         return _jsonl(sys.stdin, "<stdin>", fields)
+    kind, paths = source_kind(src)
+    if kind == "glob":
+        return _glob(paths)
+    path = Path(paths[0])
+    if kind == "csv":
+        return _csv(path, fields)
+    if kind == "parquet":
+        return _parquet(path, fields)
+    if kind == "jsonl":
+        return _jsonl_file(path, fields)
+    return iter([InputRecord(id=path.name, text=_read_text(path))])
+
+
+#: a file's kind by its suffix (any other suffix: one text document)
+_SUFFIX_KINDS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
+                 ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+def source_kind(src: str) -> tuple[str, list[str]]:
+    """What the input ``src`` (a path or a glob, not ``-``) names, as every reader of it
+    (:func:`read_records`, ``--ray``'s dataset) sees it: ``("glob", the matching files,
+    sorted)``, else ``(kind, [src])`` with ``kind`` ``jsonl``, ``csv``, ``parquet`` or
+    ``text`` by the suffix. InputError when the glob matches no file or the file is missing."""
     if any(c in src for c in "*?["):
-        return _glob(src)
+        paths = sorted(globlib.glob(src, recursive=True))
+        if not paths:
+            raise InputError("the glob matches no file", source=src)
+        return "glob", paths
     path = Path(src)
     if not path.is_file():
         raise InputError("no such input file", source=src)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return _csv(path, fields)
-    if suffix in (".parquet", ".pq"):
-        return _parquet(path, fields)
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return _jsonl_file(path, fields)
-    return iter([InputRecord(id=path.name, text=_read_text(path))])
+    return _SUFFIX_KINDS.get(path.suffix.lower(), "text"), [src]
 
 
 def _read_text(path: Path) -> str:
@@ -175,11 +194,7 @@ def _parquet(path: Path, fields: Fields) -> Iterator[InputRecord]:
     return gen()
 
 
-def _glob(pattern: str) -> Iterator[InputRecord]:
-    paths = sorted(globlib.glob(pattern, recursive=True))
-    if not paths:
-        raise InputError("the glob matches no file", source=pattern)
-
+def _glob(paths: list[str]) -> Iterator[InputRecord]:
     def gen() -> Iterator[InputRecord]:
         for p in paths:
             try:

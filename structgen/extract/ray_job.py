@@ -35,13 +35,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from structgen.errors import BackendError, InputError
 from structgen.extract.api import JobOptions, _examples, count_lines
 from structgen.extract.extractor import ExtractConfig, Extractor
-from structgen.extract.inputs import Fields, _from_mapping
+from structgen.extract.inputs import Fields, _from_mapping, source_kind
 from structgen.extract.outputs import open_writer
 from structgen.extract.progress import Progress, summary_table
 from structgen.extract.prompt import PromptBuilder
@@ -218,23 +217,15 @@ def _dataset(ray: Any, opts: JobOptions) -> tuple[Any, Callable[[dict[str, Any]]
     of them with (:func:`parse_lines` or :func:`parse_rows`, bound to the fields and source)."""
     src = opts.input
     kw: dict[str, Any] = {"fields": asdict(opts.fields), "source": src}
-    if any(c in src for c in "*?["):
-        import glob
-
-        paths = sorted(glob.glob(src, recursive=True))
-        if not paths:
-            raise InputError("the glob matches no file", source=src)
+    kind, paths = source_kind(src)
+    if kind == "glob":
         return ray.data.read_binary_files(paths, include_paths=True), partial(parse_rows, **kw, files=True)
-    path = Path(src)
-    if not path.is_file():
-        raise InputError("no such input file", source=src)
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return ray.data.read_text(str(path)), partial(parse_lines, **kw)
-    if suffix == ".csv":
-        return ray.data.read_csv(str(path)), partial(parse_rows, **kw)
-    if suffix in (".parquet", ".pq"):
-        return ray.data.read_parquet(str(path)), partial(parse_rows, **kw)
+    if kind == "jsonl":
+        return ray.data.read_text(paths[0]), partial(parse_lines, **kw)
+    if kind == "csv":
+        return ray.data.read_csv(paths[0]), partial(parse_rows, **kw)
+    if kind == "parquet":
+        return ray.data.read_parquet(paths[0]), partial(parse_rows, **kw)
     raise InputError("--ray reads .jsonl, .csv, .parquet or a glob of text files", source=src)
 
 
