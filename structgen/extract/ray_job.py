@@ -244,17 +244,21 @@ RAY_ENV = {
 }
 
 
-def balance_workers(ctx: Any) -> None:
+def balance_workers(ctx: Any, workers: int) -> None:
     """Ray Data settings that keep every worker of the pool busy (``ctx``: the driver's
     ``DataContext``). With Ray's defaults, a 600-record job with two workers on three CPUs
     computed 512 records on one worker and 88 on the other: Ray Data budgets the object
     store by ``target_max_block_size`` (128 MiB) per task, not by the blocks' real size, so
     on a 256 MiB store it held tasks back and fed one actor. Our blocks are records of text:
-    a 1 MiB target makes the budget real; the pool starts dispatching once all its actors
-    are up (an engine loads in seconds to minutes: a 15-minute wait), and each actor
-    holds one batch at a time (:func:`run_ray_job`), so a free actor takes the next one."""
+    a 1 MiB target makes the budget real; with several workers the pool starts
+    dispatching once all its actors are up (an engine loads in seconds to minutes: a
+    15-minute wait), and each actor holds one batch at a time (:func:`run_ray_job`), so a
+    free actor takes the next one. One worker has no one to share with: Ray Data's waiting
+    would hold back the reading too (it starts no task before the pool is up), so the
+    first batch would wait for a read task started only then (2 s measured, most of it a
+    worker process starting); without it the input is read while the engine loads."""
     ctx.target_max_block_size = 1024 * 1024
-    ctx.wait_for_min_actors_s = 900
+    ctx.wait_for_min_actors_s = 900 if workers > 1 else -1  # -1: Ray Data's default, no wait
 
 
 def local_cpus() -> int:
@@ -313,7 +317,7 @@ def run_ray_job(opts: JobOptions, ropts: RayOptions) -> Stats:
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
-    balance_workers(ctx)
+    balance_workers(ctx, ropts.workers)
     jpath = opts.journal_path()
     journal = ray.remote(num_cpus=0)(JournalActor).remote(str(jpath)) if jpath is not None else None
     job = {"instructions": opts.instructions, "few_shot": opts.few_shot, "schema": opts.schema,

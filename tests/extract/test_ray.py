@@ -135,3 +135,41 @@ def test_csv_and_a_glob_of_text_files_run_on_ray_as_locally(tmp_path: Path, loca
         else:
             assert [r["id"] for r in distributed] == [str(folder / f"d{i}.txt") for i in range(2)]
         assert distributed == local, name
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_one_worker_reads_while_its_engine_loads_several_wait_for_the_whole_pool(tmp_path: Path, local_ray: Any,
+                                                                                 workers: int) -> None:
+    """balance_workers: with one worker the read runs while the actor starts (Ray Data would
+    otherwise start no task before the pool is up); with several, no task runs before every
+    actor is up. The actor waits in its constructor until the read has run, up to 20 s."""
+    import time
+
+    from structgen.extract.ray_job import balance_workers
+
+    ctx = ray.data.DataContext.get_current()
+    saved = (ctx.target_max_block_size, ctx.wait_for_min_actors_s)
+    marker = tmp_path / "read"
+
+    def read(batch: dict[str, Any]) -> dict[str, Any]:
+        marker.touch()
+        return batch
+
+    class Loads:
+        def __init__(self) -> None:
+            deadline = time.monotonic() + 20
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.saw = marker.exists()
+
+        def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+            return {"saw": [self.saw] * len(batch["id"])}
+
+    try:
+        balance_workers(ctx, workers)
+        ds = ray.data.range(4, override_num_blocks=1).map_batches(read).map_batches(
+            Loads, compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.25)
+        saw = [bool(s) for b in ds.iter_batches(batch_size=None, batch_format="numpy") for s in b["saw"]]
+    finally:
+        ctx.target_max_block_size, ctx.wait_for_min_actors_s = saved
+    assert saw == [workers == 1] * 4

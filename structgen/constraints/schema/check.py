@@ -13,14 +13,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
-import referencing
-import referencing.exceptions
-import referencing.jsonschema
+from structgen.constraints.schema.lazy_iri import install as _defer_iri_parsers
 
-from structgen.errors import ConstraintError
+_defer_iri_parsers()  # before jsonschema: its IRI checkers' parsers are built on first use
+
+import jsonschema  # noqa: E402
+import jsonschema.exceptions  # noqa: E402
+import jsonschema.validators  # noqa: E402
+import referencing  # noqa: E402
+import referencing.exceptions  # noqa: E402
+import referencing.jsonschema  # noqa: E402
+
+from structgen.errors import ConstraintError  # noqa: E402
 
 __all__ = ["DRAFT_NUMBERS", "check_schema", "dump_schema", "error_path", "schema_validator", "validator_class"]
 
