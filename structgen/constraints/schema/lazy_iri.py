@@ -12,6 +12,7 @@ real package's parsers on first use, so IRI checking works as before.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
@@ -23,12 +24,14 @@ __all__ = ["install"]
 _NAME = "rfc3987_syntax"
 
 
+@functools.cache
 def _real() -> types.ModuleType:
     """The real parsers (``rfc3987_syntax.syntax_helpers``, found through the stand-in's
-    ``__path__``), copied into the stand-in so later lookups go straight to them."""
+    ``__path__``), loaded once and copied into the stand-in so later lookups go straight
+    to them (jsonschema keeps :func:`_is_valid_syntax`, which calls this per check)."""
     helpers = importlib.import_module(f"{_NAME}.syntax_helpers")
     shim = sys.modules.get(_NAME)
-    if shim is not None and shim is not helpers:
+    if shim is not None:
         for name, value in vars(helpers).items():
             if not name.startswith("__"):
                 setattr(shim, name, value)
