@@ -39,13 +39,16 @@ in float32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from structgen.backends.embedded.kv_pool import KVPool, SlotRange
+
+if TYPE_CHECKING:
+    from structgen.backends.embedded.native import Kernels
 
 MAX_SHORT = 64  # new tokens of an entry that may join the cascade group
 #: torch's fused CPU attention that also returns the log-sum-exp (None: not in this torch)
@@ -260,6 +263,7 @@ class DecodePlan:
     groups: tuple[CascadeGroup, ...] = ()  # shared prefixes, each read once for its queries
     chunks: ChunkPlan | None = None  # the cascade's several-token entries, when there are any
     single_pos: torch.Tensor | None = None  # [B1] positions in rows of the one-token queries (None: all)
+    lens: torch.Tensor | None = None  # [B1] int32: keys of each one-token query in index (for the native kernel)
 
     @property
     def cascade(self) -> bool:
@@ -357,7 +361,7 @@ class AttentionPlan:
         row_t = torch.tensor(rows, dtype=torch.long, device=device)
         if b == 1 and not groups:
             return DecodePlan(row_t, None, None, SlotRange.of(own[0].to(device)))
-        index = mask = None
+        index = mask = lens_t = None
         if own:
             lens = [len(s) for s in own]
             width = max(lens)
@@ -367,10 +371,12 @@ class AttentionPlan:
             index = index.to(device)
             if min(lens) != width:
                 mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).to(device)
+            lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
         if not chunks:
-            return DecodePlan(row_t, index, mask, None, groups)
+            return DecodePlan(row_t, index, mask, None, groups, lens=lens_t if own else None)
         return DecodePlan(row_t, index, mask, None, groups, _plan_chunks(chunks, device),
-                          torch.tensor(single_pos, dtype=torch.long, device=device))
+                          torch.tensor(single_pos, dtype=torch.long, device=device),
+                          lens_t if own else None)
 
 
 def _plan_chunks(chunks: list[tuple[int, torch.Tensor, int]], device: torch.device) -> ChunkPlan:
@@ -434,10 +440,13 @@ def _cascade_groups(contexts: list[torch.Tensor], min_shared: int) -> list[tuple
 
 
 def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan,
-                  scale: float) -> torch.Tensor:
+                  scale: float, *, kernels: Kernels | None = None) -> torch.Tensor:
     """Attention output ``[T, H, D]`` for the packed queries ``q`` ``[T, H, D]``.
 
-    The new tokens' K/V must already be written to ``pool`` at their slots.
+    The new tokens' K/V must already be written to ``pool`` at their slots. ``kernels``
+    (:mod:`~structgen.backends.embedded.native`): one-token decode queries read their own
+    keys in place through the plan's index, one kernel call, instead of a gather and
+    :func:`attend_padded` (the caller checks that they suit ``q``'s dtype and shape).
     """
     out = torch.empty_like(q)
     for item in plan.prefill:
@@ -451,7 +460,7 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
         k, v = pool.read(layer, dec.single)
         o, _ = attend_padded(qd, k[None], v[None], None, scale)
     elif dec.groups:
-        o, lse = _attend_own(qd, pool, layer, dec, scale)
+        o, lse = _attend_own(qd, pool, layer, dec, scale, kernels)
         for g in dec.groups:
             kp, vp = pool.read(layer, g.prefix)
             if len(g.queries) == len(dec.rows):  # the one group, every query (rows in order): no gather
@@ -462,6 +471,8 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
             op, lsep = attend_shared(qg, kp, vp, scale)
             o.index_copy_(0, g.queries, merge_partials(
                 op, lsep, o.index_select(0, g.queries), lse.index_select(0, g.queries)))
+    elif kernels is not None:
+        o = _own_native(qd, pool, layer, dec, scale, kernels)[0]
     else:  # no statistics needed: SDPA is faster on the long padded keys
         k, v = _gather(pool, layer, dec.index)
         o = attend_sdpa(qd, k, v, dec.mask, scale)
@@ -478,20 +489,33 @@ def _gather(pool: KVPool, layer: int, index: torch.Tensor | None) -> tuple[torch
             pool.v[layer].index_select(0, flat).view(b, width, pool.num_kv_heads, pool.head_dim))
 
 
+def _own_native(q: torch.Tensor, pool: KVPool, layer: int, dec: DecodePlan, scale: float,
+                kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-token queries ``q`` against their own keys (``dec.index``), read in place."""
+    assert dec.index is not None and dec.lens is not None  # built together by _plan_decode
+    return kernels.decode_attention(q, pool.k[layer], pool.v[layer], dec.index, dec.lens, scale)
+
+
 def _attend_own(qd: torch.Tensor, pool: KVPool, layer: int, dec: DecodePlan,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                scale: float, kernels: Kernels | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode queries against their own keys (a cascade's suffixes): output and
     log-sum-exp per query, one-token queries padded, several-token entries chunked."""
     ch = dec.chunks
     if ch is None:
+        if kernels is not None:
+            return _own_native(qd, pool, layer, dec, scale, kernels)
         k, v = _gather(pool, layer, dec.index)
         return attend_padded(qd, k, v, dec.mask, scale)
     b, h, d = qd.shape
     o = torch.empty_like(qd)
     lse = torch.empty(b, h, dtype=torch.float32, device=qd.device)
     if dec.index is not None and dec.single_pos is not None:
-        k, v = _gather(pool, layer, dec.index)
-        os_, ls = attend_padded(qd.index_select(0, dec.single_pos), k, v, dec.mask, scale)
+        qs = qd.index_select(0, dec.single_pos)
+        if kernels is not None:
+            os_, ls = _own_native(qs, pool, layer, dec, scale, kernels)
+        else:
+            k, v = _gather(pool, layer, dec.index)
+            os_, ls = attend_padded(qs, k, v, dec.mask, scale)
         o.index_copy_(0, dec.single_pos, os_)
         lse.index_copy_(0, dec.single_pos, ls)
     e, n = ch.pos.shape

@@ -44,6 +44,8 @@ import torch.nn.functional as F
 from structgen.backends.embedded.attention import AttentionPlan, run_attention
 from structgen.backends.embedded.families import ModelSpec, model_spec
 from structgen.backends.embedded.kv_pool import KVPool
+from structgen.backends.embedded.native import MAX_GROUP, MAX_HEAD_DIM, Kernels
+from structgen.backends.embedded.native import kernels as native_kernels
 
 __all__ = ["DecoderModel", "ForwardBatch", "SeqInput"]
 
@@ -147,7 +149,7 @@ def _fuse(mods: list[Any], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tens
 class DecoderModel:
     """Decoder weights (taken from a transformers model) and a batched forward."""
 
-    def __init__(self, hf_model: Any, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, hf_model: Any, dtype: torch.dtype | None = None, *, native: bool = True) -> None:
         spec: ModelSpec = model_spec(hf_model)  # BackendError naming what it cannot run
         cfg = hf_model.config
         inner = hf_model.model
@@ -171,12 +173,27 @@ class DecoderModel:
         self._rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
         self._cos = self._sin_signed = torch.empty(0)
         self._rope_table(min(int(getattr(cfg, "max_position_embeddings", 4096)), 1 << 16))
+        #: the fused CPU kernels this model's forward uses (None: its torch code only)
+        self.kernels: Kernels | None = None
+        if native and self.device.type == "cpu" and self.dtype in Kernels.dtypes \
+                and self.head_dim <= MAX_HEAD_DIM and self.head_dim % 2 == 0 \
+                and self.num_heads % self.num_kv_heads == 0 \
+                and self.num_heads // self.num_kv_heads <= MAX_GROUP:
+            self.kernels = native_kernels()
 
     @classmethod
-    def from_hf(cls, hf_model: Any, dtype: torch.dtype | None = None) -> DecoderModel:
+    def from_hf(cls, hf_model: Any, dtype: torch.dtype | None = None, *,
+                native: bool = True) -> DecoderModel:
         """Wrap a transformers causal LM of a supported family; its tensors are shared
-        when ``dtype`` is its own (the default), converted copies otherwise."""
-        return cls(hf_model, dtype)
+        when ``dtype`` is its own (the default), converted copies otherwise. ``native``:
+        run the fused CPU kernels of :mod:`~structgen.backends.embedded.native` where they
+        build and suit the model (False: torch code only)."""
+        return cls(hf_model, dtype, native=native)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV memory one token takes (K and V, every layer) in this model's dtype."""
+        return int(2 * len(self.layers) * self.num_kv_heads * self.head_dim * self.embed.element_size())
 
     def new_kv_pool(self, num_slots: int) -> KVPool:
         """An empty pool of ``num_slots`` slots in this model's dtype and device."""
@@ -242,6 +259,8 @@ class DecoderModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """Run ``batch``; write its K/V into ``kv``; logits ``[R, vocab]`` (float32)."""
+        if self.kernels is not None:
+            return self._forward_native(batch, kv, self.kernels)
         t = batch.input_ids.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.embed.index_select(0, batch.input_ids)
@@ -269,6 +288,39 @@ class DecoderModel:
         if batch.logit_rows.numel() == 0:
             return torch.empty(0, self.lm_head.shape[0], device=x.device)
         x = _rms_norm(x.index_select(0, batch.logit_rows), self.norm, self.eps)
+        return F.linear(x, self.lm_head).float()
+
+    def _forward_native(self, batch: ForwardBatch, kv: KVPool, nk: Kernels) -> torch.Tensor:
+        """:meth:`forward` with the fused CPU kernels: each residual add joins the next
+        RMSNorm, SiLU-times-up and RoPE are one pass each, and one-token queries read their
+        own keys in place (:func:`run_attention` with ``kernels``)."""
+        t = batch.input_ids.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.embed.index_select(0, batch.input_ids)
+        cos = self._cos.index_select(0, batch.positions)
+        sin = self._sin_signed.index_select(0, batch.positions)
+        hq = h + kvh
+        pending: torch.Tensor | None = None  # the last MLP's output, not yet added to x
+        for i, layer in enumerate(self.layers):
+            y = nk.rms_norm(x, layer.ln1, self.eps, residual=pending)  # x += pending first
+            qkv = F.linear(y, layer.qkv, layer.qkv_b).view(t, hq + kvh, d)
+            qk, v = qkv[:, :hq], qkv[:, hq:]
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per head
+                qk = torch.cat((_rms_norm(qk[:, :h], layer.q_norm, self.eps),
+                                _rms_norm(qk[:, h:], layer.k_norm, self.eps)), dim=1)
+            nk.rope_(qk, hq, cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
+            kv.write(i, batch.write_slots, k, v)
+            a = run_attention(q, kv, i, batch.plans[layer.window], self.scale, kernels=nk)
+            y = nk.rms_norm(x, layer.ln2, self.eps, residual=F.linear(a.reshape(t, h * d), layer.o, layer.o_b))
+            gu = F.linear(y, layer.gate_up, layer.gate_up_b)
+            pending = F.linear(nk.silu_mul(gu), layer.down, layer.down_b)
+        if batch.logit_rows.numel() == 0:
+            return torch.empty(0, self.lm_head.shape[0], device=x.device)
+        assert pending is not None  # a model has layers
+        rows = batch.logit_rows
+        x = nk.rms_norm(x.index_select(0, rows), self.norm, self.eps,
+                        residual=pending.index_select(0, rows))
         return F.linear(x, self.lm_head).float()
 
     __call__ = forward

@@ -26,8 +26,8 @@ from structgen.extract.records import ExtractResult, InputRecord
 __all__ = ["DEFAULT_CONCURRENCY", "Done", "model_id", "run_records"]
 
 #: records in flight at once: enough for a local engine's full batch (the embedded engine
-#: decodes 256 sequences per pass) and for a server's continuous batching
-DEFAULT_CONCURRENCY = 256
+#: decodes up to 512 sequences per pass) and for a server's continuous batching
+DEFAULT_CONCURRENCY = 512
 
 
 @dataclass

@@ -125,13 +125,17 @@ def test_kv_pool_write_read_contiguous_and_gathered():
 
 
 # -- the real model -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=["native", "torch"])
+def models(request):
+    """The model's forward twice: with the fused CPU kernels (``native``) and with its torch
+    code only; every test below runs on both."""
     from structgen.backends.embedded.loader import load_model
     from structgen.backends.embedded.model import DecoderModel
 
     lm = load_model()
-    return lm.model, DecoderModel.from_hf(lm.model), lm.tokenizer
+    m = DecoderModel.from_hf(lm.model, native=request.param == "native")
+    assert (m.kernels is not None) == (request.param == "native")  # the kernels build here
+    return lm.model, m, lm.tokenizer
 
 
 def _ids(tok, text):

@@ -1,0 +1,235 @@
+"""Fused CPU kernels for the embedded forward, compiled at first use (``cpu_kernels.c``).
+
+Why: in bfloat16 on a CPU with AMX the matrix products stopped being most of a decode
+step. A step of 256 sequences (SmolLM2-135M, ``torch.profiler``) spent about as long in
+attention over each sequence's own keys (gathered out of the KV pool, then torch's fused
+CPU attention on ``[256, 3, 3, 64]`` queries: about 2 us of fixed cost per sequence and
+head) and in small elementwise ops (RMSNorm alone is eight, run 61 times a forward) as in
+the products. These kernels read each sequence's keys in place through its slot index
+(no gather) and do RMSNorm (with the residual add), SiLU-times-up and RoPE in one pass
+each.
+
+How: ``cpu_kernels.c`` is compiled with the machine's C compiler (``$CC``, else ``cc``;
+``-O3 -march=native -fopenmp``) into ``<cache>/kernels/cpu_kernels-<key>.so`` (``<cache>``:
+:func:`~structgen.backends.embedded.model_cache.cache_root`), the key hashing the source,
+the flags, the compiler's version and the CPU's feature flags (a cache shared by machines of
+different kinds builds one library per kind). It is loaded with ctypes after torch, so its
+OpenMP regions run on torch's own thread team (the process has one ``libgomp.so.1``:
+torch's). Built once per machine kind; a build takes about a second.
+
+Where it cannot be built or loaded (no compiler, an unsupported platform) or
+``STRUCTGEN_NATIVE_KERNELS=0`` is set, :func:`kernels` returns None and the model runs its
+torch code, as before; the reason is logged once. Results agree with the torch code to the
+storage dtype's rounding (tested against it): the kernels compute in float32 and round
+each op's result as torch does, except RoPE (rounded once) and the order of the sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from structgen.backends.embedded.model_cache import cache_root
+
+__all__ = ["ENV", "Kernels", "build", "kernels"]
+
+log = logging.getLogger("structgen.embedded")
+
+#: set to 0 to run the torch code instead
+ENV = "STRUCTGEN_NATIVE_KERNELS"
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
+         # vectorised float sums (reassociation) but IEEE infinities and NaNs kept
+         "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math")
+MAX_HEAD_DIM = 256  # cpu_kernels.c's MAX_D
+MAX_GROUP = 16      # and MAX_G
+_ABI = 1
+
+_VP = ctypes.c_void_p
+_I, _L, _F = ctypes.c_int, ctypes.c_long, ctypes.c_float
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return _VP(t.data_ptr())
+
+
+class Kernels:
+    """The loaded library's kernels, taking torch tensors (CPU, float32 or bfloat16)."""
+
+    dtypes = tuple(_SUFFIX)
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self._fn: dict[tuple[str, torch.dtype], Any] = {}  # ctypes functions
+        for dtype, suf in _SUFFIX.items():
+            attn = getattr(lib, f"sg_decode_attn_{suf}")
+            attn.argtypes = [_VP] * 5 + [_I] * 5 + [_F, _VP, _VP]
+            attn.restype = _I
+            rms = getattr(lib, f"sg_rms_norm_{suf}")
+            rms.argtypes = [_VP] * 4 + [_L, _I, _F]
+            rms.restype = None
+            silu = getattr(lib, f"sg_silu_mul_{suf}")
+            silu.argtypes = [_VP, _VP, _L, _I]
+            silu.restype = None
+            rope = getattr(lib, f"sg_rope_{suf}")
+            rope.argtypes = [_VP, _L, _VP, _VP, _L, _I, _I]
+            rope.restype = None
+            self._fn.update({("attn", dtype): attn, ("rms", dtype): rms, ("silu", dtype): silu,
+                             ("rope", dtype): rope})
+
+    def supports(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s device and dtype run here."""
+        return t.device.type == "cpu" and t.dtype in _SUFFIX
+
+    def decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         index: torch.Tensor, lens: torch.Tensor, scale: float
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One query per sequence against its own keys, read in place: ``q`` ``[B, H, D]``,
+        ``k``/``v`` one layer of the pool ``[slots, KV, D]``, ``index`` ``[B, L]`` (int64;
+        row ``b``'s first ``lens[b]`` entries are its slots), ``lens`` ``[B]`` (int32, each
+        1..L). Returns the output ``[B, H, D]`` and the log-sum-exp ``[B, H]`` (float32), as
+        :func:`~structgen.backends.embedded.attention.attend_padded` over the gathered keys."""
+        b, h, d = q.shape
+        kv = k.shape[1]
+        q = q.contiguous()
+        _check(q, k, v)
+        if index.dtype != torch.int64 or lens.dtype != torch.int32 or not index.is_contiguous() \
+                or index.shape[0] != b or lens.shape != (b,):
+            raise ValueError("decode_attention: index [B, L] int64 and lens [B] int32")
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, dtype=torch.float32)
+        rc = self._fn["attn", q.dtype](_ptr(q), _ptr(k), _ptr(v), _ptr(index), _ptr(lens),
+                                       b, h, kv, d, index.shape[1], scale, _ptr(out), _ptr(lse))
+        if rc:
+            raise ValueError(f"decode_attention: kernel refused its input (code {rc}): "
+                             f"heads {h}, kv heads {kv}, head_dim {d}, or a length outside 1..L")
+        return out, lse
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+        """RMSNorm of ``x`` ``[T, N]``; with ``residual``, first ``x += residual`` in place
+        (the decoder's residual add), then the norm of the sum."""
+        _check(x, weight, *(() if residual is None else (residual,)))
+        y = torch.empty_like(x)
+        self._fn["rms", x.dtype](_ptr(x), None if residual is None else _ptr(residual),
+                                 _ptr(weight), _ptr(y), x.shape[0], x.shape[-1], eps)
+        return y
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` for ``gate_up`` ``[T, 2 I]`` = ``[gate | up]``: ``[T, I]``."""
+        _check(gate_up)
+        t, two_i = gate_up.shape
+        out = torch.empty(t, two_i // 2, dtype=gate_up.dtype)
+        self._fn["silu", gate_up.dtype](_ptr(gate_up), _ptr(out), t, two_i // 2)
+        return out
+
+    def rope_(self, x: torch.Tensor, heads: int, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
+        """Rotate the first ``heads`` heads of ``x`` ``[T, H', D]`` (rows may be strided: a
+        view of a larger row) in place: ``x * cos + rotate_half(x) * sin`` with
+        rotate_half's sign folded into ``sin_signed``; ``cos``/``sin_signed`` ``[T, D]``."""
+        t, _, d = x.shape
+        if x.stride(2) != 1 or x.stride(1) != d or d > MAX_HEAD_DIM or d % 2:
+            raise ValueError("rope_: heads of x must be dense rows of an even head_dim <= 256")
+        _check(cos, sin_signed)
+        self._fn["rope", x.dtype](_ptr(x), x.stride(0), _ptr(cos), _ptr(sin_signed), t, heads, d)
+
+
+def _check(*ts: torch.Tensor) -> None:
+    first = ts[0]
+    for t in ts:
+        if t.device.type != "cpu" or t.dtype != first.dtype or t.dtype not in _SUFFIX \
+                or not t.is_contiguous():
+            raise ValueError("native kernels take contiguous CPU tensors of one dtype "
+                             "(float32 or bfloat16)")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile ``cpu_kernels.c`` for this machine (or find it built); the library's path.
+    Raises RuntimeError naming the reason where it cannot be built."""
+    if platform.system() != "Linux":
+        raise RuntimeError(f"native kernels are built on Linux only (this is {platform.system()})")
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (set $CC, or install gcc)")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=30, check=False).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"the C compiler {cc} does not run: {exc}") from exc
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), cc.encode(),
+                                     "".join(version).encode(), _cpu_flags().encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    directory = directory or cache_root() / "kernels"
+    target = directory / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cpu_kernels-", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                              text=True, timeout=300, check=False)
+        if proc.returncode:
+            raise RuntimeError(f"{cc} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)  # atomic: a concurrent build of the same key wins or loses whole
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"building the native kernels failed: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+_lock = threading.Lock()
+_loaded: list[Kernels | None] = []  # [] = not tried yet
+
+
+def kernels() -> Kernels | None:
+    """The kernels for this process (built and loaded once), or None where they cannot be
+    (the reason logged once) or ``STRUCTGEN_NATIVE_KERNELS=0``."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    with _lock:
+        if not _loaded:
+            _loaded.append(_load())
+        return _loaded[0]
+
+
+def _load() -> Kernels | None:
+    try:
+        path = build()
+        lib = ctypes.CDLL(str(path))
+        if lib.sg_abi_version() != _ABI:
+            raise RuntimeError(f"{path} has another ABI version")
+        return Kernels(lib, path)
+    except (RuntimeError, OSError, AttributeError) as exc:
+        log.info("native CPU kernels unavailable, the torch code runs instead: %s", exc)
+        return None

@@ -1,0 +1,208 @@
+"""The fused CPU kernels (backends/embedded/native.py, cpu_kernels.c) against the torch code
+they replace: random tensors in float32 and bfloat16, then the real model's forward."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from structgen.backends.embedded import native
+from structgen.backends.embedded.attention import attend_padded
+from structgen.backends.embedded.model import _rms_norm
+
+DTYPES = [torch.float32, torch.bfloat16]
+IDS = ["f32", "bf16"]
+
+
+@pytest.fixture(scope="module")
+def nk():
+    if shutil.which("cc") is None and not native.os.environ.get("CC"):
+        pytest.fail("no C compiler: the kernels cannot be built on this machine")
+    k = native.kernels()
+    assert k is not None, "the native kernels did not build (see the log)"
+    return k
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from structgen.backends.embedded.loader import load_model
+
+    return load_model().model
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many steps of the storage dtype apart ``a`` and ``b`` are, elementwise."""
+    eps = torch.finfo(a.dtype).eps
+    scale = torch.maximum(a.float().abs(), b.float().abs()).clamp_min(1e-30)
+    return (a.float() - b.float()).abs() / (scale * eps)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_decode_attention_reads_the_pool_in_place_as_gather_then_attend(nk, dtype):
+    g = torch.Generator().manual_seed(0)
+    b, h, kvh, d, width, slots = 37, 9, 3, 64, 23, 2000
+    k_pool = torch.randn(slots, kvh, d, generator=g).to(dtype)
+    v_pool = torch.randn(slots, kvh, d, generator=g).to(dtype)
+    q = torch.randn(b, h, d, generator=g).to(dtype)
+    lens = torch.randint(1, width + 1, (b,), generator=g, dtype=torch.int32)
+    lens[0], lens[1] = 1, width
+    index = torch.zeros(b, width, dtype=torch.long)
+    perm = torch.randperm(slots, generator=g)
+    for i in range(b):
+        index[i, :lens[i]] = perm[i * width:i * width + int(lens[i])]
+    mask = torch.arange(width)[None] < lens[:, None].long()
+    # the reference in float32 on the same (rounded) values: the kernel computes in float32
+    ref_o, ref_l = attend_padded(q.float(), k_pool[index].float(), v_pool[index].float(), mask, 0.125, fused=False)
+    out, lse = nk.decode_attention(q, k_pool, v_pool, index, lens, 0.125)
+    assert out.dtype == dtype and lse.dtype == torch.float32 and out.shape == q.shape
+    assert (lse - ref_l).abs().max() < 1e-4  # its exp is a polynomial (~2 ulp)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7  # bf16: the output's own rounding
+    assert ((out.float() - ref_o.float()).abs() <= tol * (1 + ref_o.float().abs())).all()
+    # a sequence with one key returns that key's value exactly
+    assert torch.equal(out[0], v_pool[index[0, 0]].repeat_interleave(h // kvh, 0))
+
+
+def test_decode_attention_refuses_bad_lengths_and_shapes(nk):
+    q = torch.randn(2, 9, 64)
+    pool = torch.randn(10, 3, 64)
+    index = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"outside 1\.\.L"):
+        nk.decode_attention(q, pool, pool, index, torch.tensor([0, 4], dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match="int32"):
+        nk.decode_attention(q, pool, pool, index, torch.tensor([1, 4]), 1.0)
+    with pytest.raises(ValueError, match="contiguous CPU tensors of one dtype"):
+        nk.decode_attention(q, pool.bfloat16(), pool, index, torch.tensor([1, 4], dtype=torch.int32), 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rms_norm_with_and_without_the_residual_add(nk, dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 576, generator=g) * 3).to(dtype)
+    res = torch.randn(rows, 576, generator=g).to(dtype)
+    w = torch.randn(576, generator=g).to(dtype)
+    ulps = 1.0 if dtype == torch.bfloat16 else 8.0  # bf16: one rounding step; f32: the sum's order
+    want = _rms_norm(x, w, 1e-5)
+    got = nk.rms_norm(x.clone(), w, 1e-5)
+    assert got.dtype == dtype and _ulps(got, want).max() <= ulps
+    summed = x + res
+    x2 = x.clone()
+    got = nk.rms_norm(x2, w, 1e-5, residual=res)
+    assert torch.equal(x2, summed)  # the residual add is written back, rounded as torch rounds it
+    assert _ulps(got, _rms_norm(summed, w, 1e-5)).max() <= ulps
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_silu_mul_equals_torch(nk, dtype):
+    g = torch.Generator().manual_seed(3)
+    gu = (torch.randn(65, 2 * 1536, generator=g) * 4).to(dtype)
+    gu[0, :4] = torch.tensor([0.0, -100.0, 100.0, 1e-3])  # saturating and tiny inputs
+    want = F.silu(gu[:, :1536]) * gu[:, 1536:]
+    got = nk.silu_mul(gu)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    close = (got.float() - want.float()).abs() <= tol * (1 + want.float().abs())
+    assert close.all()
+    assert torch.isnan(nk.silu_mul(torch.full((1, 4), float("nan"), dtype=dtype))).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_rope_in_place_on_a_strided_view_leaves_the_other_heads(nk, dtype):
+    g = torch.Generator().manual_seed(4)
+    t, heads, extra, d = 11, 12, 3, 64
+    qkv = torch.randn(t, heads + extra, d, generator=g).to(dtype)
+    cos = torch.randn(t, d, generator=g).to(dtype)
+    sin = torch.randn(t, d, generator=g).to(dtype)
+    qk = qkv[:, :heads]
+    rot = torch.cat((qk[..., d // 2:], qk[..., :d // 2]), -1)
+    want = torch.addcmul(qk * cos[:, None], rot, sin[:, None])
+    # within two steps of the dtype at the terms' size (a sum that cancels is exact to that)
+    bound = 2 * torch.finfo(dtype).eps * (qk.float().abs() * cos[:, None].float().abs()
+                                          + rot.float().abs() * sin[:, None].float().abs())
+    v_before = qkv[:, heads:].clone()
+    nk.rope_(qk, heads, cos, sin)
+    assert torch.equal(qkv[:, heads:], v_before)
+    assert ((qkv[:, :heads].float() - want.float()).abs() <= bound).all()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_model_forward_native_equals_torch_code(nk, hf_model, dtype):
+    """A mixed batch (a fresh prefill, decodes of different lengths behind a shared prefix in
+    a cascade group) gives the torch code's logits and KV with the kernels: equal to float
+    rounding in float32; in bfloat16 no further from the float32 model than the torch code."""
+    from structgen.backends.embedded.model import DecoderModel, SeqInput
+
+    def run(m):
+        g = torch.Generator().manual_seed(5)
+        prefix = torch.randint(0, 49152, (40,), generator=g).tolist()
+        kv = m.new_kv_pool(400)
+        m.forward(m.prepare([SeqInput(prefix, list(range(40)), logits="none")]), kv)
+        inputs = []
+        for i in range(5):  # decodes sharing the prefix, own tails of different lengths
+            own = torch.randint(0, 49152, (3 + 2 * i,), generator=g).tolist()
+            slots = list(range(40)) + list(range(100 + 30 * i, 100 + 30 * i + len(own)))
+            m.forward(m.prepare([SeqInput(own[:-1], slots[:-1], logits="none")]), kv)
+            inputs.append(SeqInput(own[-1:], slots))
+        inputs.append(SeqInput(prefix[:9], list(range(300, 309)), logits="all"))  # a fresh prompt
+        fb = m.prepare(inputs)
+        assert fb.plan.decode is not None and fb.plan.decode.groups and fb.plan.prefill
+        return m.forward(fb, kv), kv
+
+    with_k = DecoderModel.from_hf(hf_model, dtype=dtype)
+    without = DecoderModel.from_hf(hf_model, dtype=dtype, native=False)
+    assert with_k.kernels is nk and without.kernels is None
+    (a, kv_a), (b, kv_b) = run(with_k), run(without)
+    assert a.shape == b.shape == (5 + 9, 49152)
+    if dtype == torch.float32:
+        assert (a - b).abs().max() < 1e-3
+        assert (kv_a.k - kv_b.k).abs().max() < 1e-4 and (kv_a.v - kv_b.v).abs().max() < 1e-4
+        return
+    ref, _ = run(DecoderModel.from_hf(hf_model, dtype=torch.float32, native=False))
+    err_native, err_torch = (a - ref).abs().max(), (b - ref).abs().max()
+    assert err_native <= 1.5 * err_torch + 0.125, (err_native, err_torch)
+    assert (a.argmax(-1) == ref.argmax(-1)).sum() >= (b.argmax(-1) == ref.argmax(-1)).sum() - 1
+
+
+def test_build_is_cached_by_content_and_machine(tmp_path, nk):
+    first = native.build(tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert native.build(tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary file left
+
+
+def test_no_compiler_falls_back_to_torch_with_the_reason_logged(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("STRUCTGEN_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        native.build()
+    monkeypatch.setattr(native, "_loaded", [])
+    with caplog.at_level(logging.INFO, logger="structgen.embedded"):
+        assert native.kernels() is None
+    assert "no C compiler" in caplog.text and "torch code runs instead" in caplog.text
+
+
+def test_a_failing_compiler_is_reported(tmp_path, monkeypatch):
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo fake-cc 1.0 && exit 0\n"
+                  "echo 'boom: cannot compile' >&2\nexit 3\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    with pytest.raises(RuntimeError, match="failed \\(3\\): boom: cannot compile"):
+        native.build(tmp_path / "k")
+    assert list((tmp_path / "k").iterdir()) == []
+
+
+@pytest.mark.model
+def test_switched_off_by_the_environment(monkeypatch, nk, hf_model):
+    from structgen.backends.embedded.model import DecoderModel
+
+    monkeypatch.setenv(native.ENV, "0")
+    assert native.kernels() is None
+    assert DecoderModel.from_hf(hf_model).kernels is None
+    monkeypatch.setenv(native.ENV, "1")
+    assert native.kernels() is nk
