@@ -45,6 +45,7 @@ from structgen.extract.outputs import open_writer
 from structgen.extract.progress import Progress, summary_table
 from structgen.extract.prompt import PromptBuilder
 from structgen.extract.records import ExtractResult, InputRecord
+from structgen.extract.stream import DEFAULT_CONCURRENCY
 from structgen.extract.summary import Stats
 
 __all__ = ["RayOptions", "balance_workers", "local_cpus", "run_ray_job", "worker_cpus"]
@@ -65,7 +66,7 @@ class RayOptions:
     address: str | None = None
     workers: int = 1
     num_cpus: int | None = None
-    batch_size: int = 256  # records per map_batches call: one worker's records in flight
+    batch_size: int = DEFAULT_CONCURRENCY  # records per map_batches call: one worker's records in flight
     cpus_per_worker: float | None = None
 
 

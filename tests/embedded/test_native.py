@@ -206,3 +206,11 @@ def test_switched_off_by_the_environment(monkeypatch, nk, hf_model):
     assert DecoderModel.from_hf(hf_model).kernels is None
     monkeypatch.setenv(native.ENV, "1")
     assert native.kernels() is nk
+
+
+def test_not_used_beside_a_second_openmp_runtime(monkeypatch, caplog):
+    monkeypatch.setattr(native, "_loaded", [])
+    monkeypatch.setattr(native, "_openmp_runtimes", lambda: ["/a/libgomp.so.1", "/b/libgomp-x.so.1"])
+    with caplog.at_level(logging.INFO, logger="structgen.embedded"):
+        assert native.kernels() is None
+    assert "two OpenMP runtimes" in caplog.text
