@@ -242,6 +242,8 @@ class ChunkPlan:
     mask: torch.Tensor       # [E, N, L] causal: query j of an entry sees its keys up to its own position
     valid: torch.Tensor      # [V] flat indices into E * N of the real queries
     valid_pos: torch.Tensor  # [V] their positions in DecodePlan.rows
+    new: torch.Tensor | None = None      # [E] int32: each entry's queries (for the native kernel)
+    context: torch.Tensor | None = None  # [E] int32: each entry's own keys before its first query
     _bias: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def bias(self, dtype: torch.dtype, group: int) -> torch.Tensor:
@@ -398,7 +400,8 @@ def _plan_chunks(chunks: list[tuple[int, torch.Tensor, int]], device: torch.devi
     pos = torch.where(real, first[:, None] + j, 0)
     valid = real.reshape(-1).nonzero().squeeze(1)
     return ChunkPlan(pos.to(device), index.to(device), mask.to(device), valid.to(device),
-                     pos.reshape(-1)[valid].to(device))
+                     pos.reshape(-1)[valid].to(device), nq.to(torch.int32).to(device),
+                     ctx.to(torch.int32).to(device))
 
 
 def _cascade_groups(contexts: list[torch.Tensor], min_shared: int) -> list[tuple[int, list[int]]]:
@@ -519,6 +522,10 @@ def _attend_own(qd: torch.Tensor, pool: KVPool, layer: int, dec: DecodePlan,
         o.index_copy_(0, dec.single_pos, os_)
         lse.index_copy_(0, dec.single_pos, ls)
     e, n = ch.pos.shape
+    if kernels is not None and ch.new is not None and ch.context is not None:  # keys read in place
+        kernels.chunk_attention_(qd, pool.k[layer], pool.v[layer], ch.index, ch.pos, ch.new,
+                                 ch.context, scale, o, lse)
+        return o, lse
     k, v = _gather(pool, layer, ch.index)
     qc = qd.index_select(0, ch.pos.reshape(-1)).view(e, n, h, d)
     fused = fused_available(qc)

@@ -75,6 +75,45 @@ static inline float f32_store(float f) { return f; }
   long lo = (long)(n) * _t / _nt, hi = (long)(n) * (_t + 1) / _nt;
 
 #define DEFINE_KERNELS(SUF, T, LOAD, STORE)                                                      \
+/* One KV head's attention for G query heads q (rows of length D, G consecutive heads)    \
+ * against n keys read in place at slots ix[0..n-1] of a KV layer [slots, KV, D], head j:  \
+ * out (G rows of D) and lse (G floats). s: scratch of G * n floats. */                     \
+static void attend_group_##SUF(const T *q, const T *kc, const T *vc, const int64_t *ix,    \
+                               int n, int j, int KV, int G, int D, float scale, float *s,   \
+                               T *out, float *lse) {                                        \
+  float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D], row[MAX_D];                                    \
+  for (int g = 0; g < G; g++)                                                               \
+    for (int d = 0; d < D; d++) qf[g][d] = LOAD(q[(size_t)g * D + d]) * scale;              \
+  for (int l = 0; l < n; l++) {                                                             \
+    const T *kk = kc + ((size_t)ix[l] * KV + j) * D;                                        \
+    for (int d = 0; d < D; d++) row[d] = LOAD(kk[d]);                                       \
+    for (int g = 0; g < G; g++) {                                                           \
+      float t = 0.f;                                                                        \
+      for (int d = 0; d < D; d++) t += qf[g][d] * row[d];                                   \
+      s[g * n + l] = t;                                                                     \
+    }                                                                                       \
+  }                                                                                         \
+  for (int g = 0; g < G; g++) {                                                             \
+    float *sg = s + g * n, m = -INFINITY, z = 0.f;                                          \
+    for (int l = 0; l < n; l++) m = sg[l] > m ? sg[l] : m;                                  \
+    for (int l = 0; l < n; l++) { sg[l] = sg_exp(sg[l] - m); z += sg[l]; }                 \
+    float inv = 1.f / z;                                                                    \
+    for (int l = 0; l < n; l++) sg[l] *= inv;                                               \
+    lse[g] = m + logf(z);                                                                   \
+    for (int d = 0; d < D; d++) acc[g][d] = 0.f;                                            \
+  }                                                                                         \
+  for (int l = 0; l < n; l++) {                                                             \
+    const T *vv = vc + ((size_t)ix[l] * KV + j) * D;                                        \
+    for (int d = 0; d < D; d++) row[d] = LOAD(vv[d]);                                       \
+    for (int g = 0; g < G; g++) {                                                           \
+      float p = s[g * n + l];                                                               \
+      for (int d = 0; d < D; d++) acc[g][d] += p * row[d];                                  \
+    }                                                                                       \
+  }                                                                                         \
+  for (int g = 0; g < G; g++)                                                               \
+    for (int d = 0; d < D; d++) out[(size_t)g * D + d] = STORE(acc[g][d]);                  \
+}                                                                                           \
+                                                                                            \
 /* Decode attention of one-token queries against their own keys, read in place from a KV   \
  * layer [slots, KV, D] through a slot index: q [B, H, D], index [B, L] (row b's first      \
  * lens[b] entries are its slots), out [B, H, D], lse [B, H] (natural log-sum-exp of the    \
@@ -90,45 +129,47 @@ int sg_decode_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *in
     TEAM_RANGE((long)B * KV, lo, hi)                                                        \
     FLUSH_BEGIN                                                                             \
     float *s = malloc(sizeof(float) * (size_t)G * (L > 0 ? L : 1));                         \
-    float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D], row[MAX_D];                                  \
     if (s == NULL) { _Pragma("omp atomic write") err = -2; lo = hi; }                        \
     for (long w = lo; w < hi; w++) {                                                        \
       int b = (int)(w / KV), j = (int)(w % KV), n = lens[b];                                \
       if (n < 1 || n > L) { _Pragma("omp atomic write") err = -3; continue; }               \
-      const int64_t *ix = index + (size_t)b * L;                                            \
-      for (int g = 0; g < G; g++) {                                                         \
-        const T *qq = q + ((size_t)b * H + (size_t)j * G + g) * D;                          \
-        for (int d = 0; d < D; d++) qf[g][d] = LOAD(qq[d]) * scale;                         \
-      }                                                                                     \
-      for (int l = 0; l < n; l++) {                                                         \
-        const T *kk = kc + ((size_t)ix[l] * KV + j) * D;                                    \
-        for (int d = 0; d < D; d++) row[d] = LOAD(kk[d]);                                   \
-        for (int g = 0; g < G; g++) {                                                       \
-          float t = 0.f;                                                                    \
-          for (int d = 0; d < D; d++) t += qf[g][d] * row[d];                               \
-          s[g * n + l] = t;                                                                 \
-        }                                                                                   \
-      }                                                                                     \
-      for (int g = 0; g < G; g++) {                                                         \
-        float *sg = s + g * n, m = -INFINITY, z = 0.f;                                      \
-        for (int l = 0; l < n; l++) m = sg[l] > m ? sg[l] : m;                              \
-        for (int l = 0; l < n; l++) { sg[l] = sg_exp(sg[l] - m); z += sg[l]; }               \
-        float inv = 1.f / z;                                                                \
-        for (int l = 0; l < n; l++) sg[l] *= inv;                                           \
-        lse[(size_t)b * H + (size_t)j * G + g] = m + logf(z);                               \
-        for (int d = 0; d < D; d++) acc[g][d] = 0.f;                                        \
-      }                                                                                     \
-      for (int l = 0; l < n; l++) {                                                         \
-        const T *vv = vc + ((size_t)ix[l] * KV + j) * D;                                    \
-        for (int d = 0; d < D; d++) row[d] = LOAD(vv[d]);                                   \
-        for (int g = 0; g < G; g++) {                                                       \
-          float p = s[g * n + l];                                                           \
-          for (int d = 0; d < D; d++) acc[g][d] += p * row[d];                              \
-        }                                                                                   \
-      }                                                                                     \
-      for (int g = 0; g < G; g++) {                                                         \
-        T *o = out + ((size_t)b * H + (size_t)j * G + g) * D;                               \
-        for (int d = 0; d < D; d++) o[d] = STORE(acc[g][d]);                                \
+      size_t head = (size_t)b * H + (size_t)j * G;                                          \
+      attend_group_##SUF(q + head * D, kc, vc, index + (size_t)b * L, n, j, KV, G, D, scale, \
+                         s, out + head * D, lse + head);                                    \
+    }                                                                                       \
+    free(s);                                                                                \
+    FLUSH_END                                                                               \
+  }                                                                                         \
+  return err;                                                                               \
+}                                                                                           \
+                                                                                            \
+/* Causal attention of short runs of new tokens against their own keys, read in place:    \
+ * entry e has nq[e] query rows, at rows pos[e, 0..nq[e]-1] of q [R, H, D], whose query i   \
+ * reads its first ctx[e] + i + 1 keys (slots index[e, ..], [E, L]); out [R, H, D] and      \
+ * lse [R, H] are written at those rows only. pos: [E, N]. */                               \
+int sg_chunk_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *index,        \
+                        const int64_t *pos, const int32_t *nq, const int32_t *ctx, int E,   \
+                        int N, int R, int H, int KV, int D, int L, float scale, T *out,     \
+                        float *lse) {                                                       \
+  int G = H / KV;                                                                           \
+  if (D > MAX_D || G > MAX_G || G * KV != H) return -1;                                      \
+  int err = 0;                                                                              \
+  _Pragma("omp parallel")                                                                   \
+  {                                                                                         \
+    TEAM_RANGE((long)E * KV, lo, hi)                                                        \
+    FLUSH_BEGIN                                                                             \
+    float *s = malloc(sizeof(float) * (size_t)G * (L > 0 ? L : 1));                         \
+    if (s == NULL) { _Pragma("omp atomic write") err = -2; lo = hi; }                        \
+    for (long w = lo; w < hi; w++) {                                                        \
+      int e = (int)(w / KV), j = (int)(w % KV);                                             \
+      if (nq[e] < 1 || nq[e] > N || ctx[e] < 0 || ctx[e] + nq[e] > L) {                     \
+        _Pragma("omp atomic write") err = -3; continue; }                                   \
+      for (int i = 0; i < nq[e]; i++) {                                                     \
+        int64_t r = pos[(size_t)e * N + i];                                                 \
+        if (r < 0 || r >= R) { _Pragma("omp atomic write") err = -3; break; }              \
+        size_t head = (size_t)r * H + (size_t)j * G;                                        \
+        attend_group_##SUF(q + head * D, kc, vc, index + (size_t)e * L, ctx[e] + i + 1, j,  \
+                           KV, G, D, scale, s, out + head * D, lse + head);                 \
       }                                                                                     \
     }                                                                                       \
     free(s);                                                                                \
@@ -209,4 +250,4 @@ void sg_rope_##SUF(T *x, long stride, const T *cos, const T *sin, long rows, int
 DEFINE_KERNELS(bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_KERNELS(f32, float, f32_load, f32_store)
 
-int sg_abi_version(void) { return 1; }
+int sg_abi_version(void) { return 2; }

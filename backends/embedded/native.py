@@ -6,8 +6,13 @@ attention over each sequence's own keys (gathered out of the KV pool, then torch
 CPU attention on ``[256, 3, 3, 64]`` queries: about 2 us of fixed cost per sequence and
 head) and in small elementwise ops (RMSNorm alone is eight, run 61 times a forward) as in
 the products. These kernels read each sequence's keys in place through its slot index
-(no gather) and do RMSNorm (with the residual add), SiLU-times-up and RoPE in one pass
-each.
+(no gather), for one-token queries and for short runs of new tokens (a prompt's uncached
+tail), and do RMSNorm (with the residual add), SiLU-times-up and RoPE in one pass each.
+Measured alone (bf16, 2 cores): attention of 256 one-token queries over their own 40-61
+keys 0.65 ms against 1.9 ms gathered + torch's kernel; 112 prompt tails of 38 tokens 3.9
+ms against 7.5 ms; RMSNorm of ``[256, 576]`` 0.035 ms against 0.074 ms (with the residual
+add 0.048 against 0.097), RoPE 0.032 against 0.078 ms; SiLU-times-up the same as torch. A
+decode step of 256 sequences: 145 ms against 165 ms (median of six alternating runs).
 
 How: ``cpu_kernels.c`` is compiled with the machine's C compiler (``$CC``, else ``cc``;
 ``-O3 -march=native -fopenmp``) into ``<cache>/kernels/cpu_kernels-<key>.so`` (``<cache>``:
@@ -58,7 +63,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
          "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math")
 MAX_HEAD_DIM = 256  # cpu_kernels.c's MAX_D
 MAX_GROUP = 16      # and MAX_G
-_ABI = 1
+_ABI = 2
 
 _VP = ctypes.c_void_p
 _I, _L, _F = ctypes.c_int, ctypes.c_long, ctypes.c_float
@@ -81,6 +86,9 @@ class Kernels:
             attn = getattr(lib, f"sg_decode_attn_{suf}")
             attn.argtypes = [_VP] * 5 + [_I] * 5 + [_F, _VP, _VP]
             attn.restype = _I
+            chunk = getattr(lib, f"sg_chunk_attn_{suf}")
+            chunk.argtypes = [_VP] * 7 + [_I] * 7 + [_F, _VP, _VP]
+            chunk.restype = _I
             rms = getattr(lib, f"sg_rms_norm_{suf}")
             rms.argtypes = [_VP] * 4 + [_L, _I, _F]
             rms.restype = None
@@ -90,8 +98,8 @@ class Kernels:
             rope = getattr(lib, f"sg_rope_{suf}")
             rope.argtypes = [_VP, _L, _VP, _VP, _L, _I, _I]
             rope.restype = None
-            self._fn.update({("attn", dtype): attn, ("rms", dtype): rms, ("silu", dtype): silu,
-                             ("rope", dtype): rope})
+            self._fn.update({("attn", dtype): attn, ("chunk", dtype): chunk, ("rms", dtype): rms,
+                             ("silu", dtype): silu, ("rope", dtype): rope})
 
     def supports(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s device and dtype run here."""
@@ -120,6 +128,29 @@ class Kernels:
             raise ValueError(f"decode_attention: kernel refused its input (code {rc}): "
                              f"heads {h}, kv heads {kv}, head_dim {d}, or a length outside 1..L")
         return out, lse
+
+    def chunk_attention_(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         index: torch.Tensor, pos: torch.Tensor, new: torch.Tensor,
+                         context: torch.Tensor, scale: float, out: torch.Tensor,
+                         lse: torch.Tensor) -> None:
+        """Short runs of new tokens against their own keys, causally, read in place: entry
+        ``e`` has ``new[e]`` queries at rows ``pos[e, :new[e]]`` of ``q`` ``[R, H, D]``; its
+        ``i``-th reads its first ``context[e] + i + 1`` keys (slots ``index[e]``, ``[E, L]``).
+        Writes those rows of ``out`` ``[R, H, D]`` and ``lse`` ``[R, H]`` (float32), as
+        :func:`~structgen.backends.embedded.attention.attend_chunks` over gathered keys."""
+        r, h, d = q.shape
+        _check(q, k, v, out)
+        e, n = pos.shape
+        ints = ((index, torch.int64, 2), (pos, torch.int64, 2), (new, torch.int32, 1), (context, torch.int32, 1))
+        if any(t.dtype != dt or t.dim() != nd or not t.is_contiguous() or t.shape[0] != e for t, dt, nd in ints) \
+                or out.shape != q.shape or lse.shape != (r, h) or lse.dtype != torch.float32 or not lse.is_contiguous():
+            raise ValueError("chunk_attention_: index/pos [E, *] int64, new/context [E] int32, out like q, lse [R, H]")
+        rc = self._fn["chunk", q.dtype](_ptr(q), _ptr(k), _ptr(v), _ptr(index), _ptr(pos), _ptr(new),
+                                        _ptr(context), e, n, r, h, k.shape[1], d, index.shape[1], scale,
+                                        _ptr(out), _ptr(lse))
+        if rc:
+            raise ValueError(f"chunk_attention_: kernel refused its input (code {rc}): heads {h}, "
+                             f"head_dim {d}, or a run outside its keys or rows")
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -66,6 +66,54 @@ def test_decode_attention_reads_the_pool_in_place_as_gather_then_attend(nk, dtyp
     assert torch.equal(out[0], v_pool[index[0, 0]].repeat_interleave(h // kvh, 0))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_chunk_attention_reads_the_pool_in_place_as_attend_chunks(nk, dtype):
+    """Entries of several new tokens (own context, new) = (5, 1), (0, 3), (2, 7), (30, 4),
+    their queries scattered among other rows: each query reads its entry's keys up to its
+    own position; rows of no entry are left as they were."""
+    from structgen.backends.embedded.attention import attend_chunks
+
+    g = torch.Generator().manual_seed(7)
+    h, kvh, d, slots, rows = 9, 3, 64, 500, 30
+    ctx, new = [5, 0, 2, 30], [1, 3, 7, 4]
+    e, n, width = len(ctx), max(new), max(c + k for c, k in zip(ctx, new, strict=True))
+    k_pool = torch.randn(slots, kvh, d, generator=g).to(dtype)
+    v_pool = torch.randn(slots, kvh, d, generator=g).to(dtype)
+    q = torch.randn(rows, h, d, generator=g).to(dtype)
+    index = torch.zeros(e, width, dtype=torch.long)
+    pos = torch.zeros(e, n, dtype=torch.long)
+    free_rows = torch.randperm(rows, generator=g)
+    perm = torch.randperm(slots, generator=g)
+    mask = torch.zeros(e, n, width, dtype=torch.bool)
+    used = 0
+    for i, (c, m) in enumerate(zip(ctx, new, strict=True)):
+        index[i, :c + m] = perm[i * width:i * width + c + m]
+        pos[i, :m] = free_rows[used:used + m]
+        used += m
+        for j in range(n):
+            if j < m:
+                mask[i, j, :c + j + 1] = True
+            else:
+                mask[i, j, 0] = True
+    qc = q.float()[pos.reshape(-1)].view(e, n, h, d)
+    ref_o, ref_l = attend_chunks(qc, k_pool[index].float(), v_pool[index].float(), mask, 0.125, fused=False)
+    out = torch.full_like(q, 7.0)
+    lse = torch.full((rows, h), 7.0)
+    nk.chunk_attention_(q, k_pool, v_pool, index, pos, torch.tensor(new, dtype=torch.int32),
+                        torch.tensor(ctx, dtype=torch.int32), 0.125, out, lse)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    for i, m in enumerate(new):
+        for j in range(m):
+            r = pos[i, j]
+            assert (lse[r] - ref_l[i, j]).abs().max() < 1e-4
+            assert ((out[r].float() - ref_o[i, j]).abs() <= tol * (1 + ref_o[i, j].abs())).all()
+    untouched = free_rows[used:]
+    assert (out[untouched] == 7.0).all() and (lse[untouched] == 7.0).all()
+    with pytest.raises(ValueError, match="outside its keys"):
+        nk.chunk_attention_(q, k_pool, v_pool, index, pos, torch.tensor(new, dtype=torch.int32),
+                            torch.tensor([5, 0, 2, 31], dtype=torch.int32), 0.125, out, lse)
+
+
 def test_decode_attention_refuses_bad_lengths_and_shapes(nk):
     q = torch.randn(2, 9, 64)
     pool = torch.randn(10, 3, 64)
