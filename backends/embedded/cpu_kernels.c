@@ -114,43 +114,15 @@ static void attend_group_##SUF(const T *q, const T *kc, const T *vc, const int64
     for (int d = 0; d < D; d++) out[(size_t)g * D + d] = STORE(acc[g][d]);                  \
 }                                                                                           \
                                                                                             \
-/* Decode attention of one-token queries against their own keys, read in place from a KV   \
- * layer [slots, KV, D] through a slot index: q [B, H, D], index [B, L] (row b's first      \
- * lens[b] entries are its slots), out [B, H, D], lse [B, H] (natural log-sum-exp of the    \
- * scaled scores, float32). Query head h reads KV head h / (H / KV). lens[b] >= 1. */        \
-int sg_decode_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *index,       \
-                         const int32_t *lens, int B, int H, int KV, int D, int L, float scale, \
-                         T *out, float *lse) {                                               \
-  int G = H / KV;                                                                           \
-  if (D > MAX_D || G > MAX_G || G * KV != H) return -1;                                      \
-  int err = 0;                                                                              \
-  _Pragma("omp parallel")                                                                   \
-  {                                                                                         \
-    TEAM_RANGE((long)B * KV, lo, hi)                                                        \
-    FLUSH_BEGIN                                                                             \
-    float *s = malloc(sizeof(float) * (size_t)G * (L > 0 ? L : 1));                         \
-    if (s == NULL) { _Pragma("omp atomic write") err = -2; lo = hi; }                        \
-    for (long w = lo; w < hi; w++) {                                                        \
-      int b = (int)(w / KV), j = (int)(w % KV), n = lens[b];                                \
-      if (n < 1 || n > L) { _Pragma("omp atomic write") err = -3; continue; }               \
-      size_t head = (size_t)b * H + (size_t)j * G;                                          \
-      attend_group_##SUF(q + head * D, kc, vc, index + (size_t)b * L, n, j, KV, G, D, scale, \
-                         s, out + head * D, lse + head);                                    \
-    }                                                                                       \
-    free(s);                                                                                \
-    FLUSH_END                                                                               \
-  }                                                                                         \
-  return err;                                                                               \
-}                                                                                           \
-                                                                                            \
-/* Causal attention of short runs of new tokens against their own keys, read in place:    \
- * entry e has nq[e] query rows, at rows pos[e, 0..nq[e]-1] of q [R, H, D], whose query i   \
- * reads its first ctx[e] + i + 1 keys (slots index[e, ..], [E, L]); out [R, H, D] and      \
- * lse [R, H] are written at those rows only. pos: [E, N]. */                               \
-int sg_chunk_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *index,        \
-                        const int64_t *pos, const int32_t *nq, const int32_t *ctx, int E,   \
-                        int N, int R, int H, int KV, int D, int L, float scale, T *out,     \
-                        float *lse) {                                                       \
+/* Entries reading their own keys (slots index[e, ..], [E, L]) from a KV layer in place.  \
+ * pos == NULL: entry e is one query at row e reading its first keys[e] keys (1..L).        \
+ * Else entry e has nq[e] queries (1..N) at rows pos[e, 0..nq[e]-1] ([E, N]); its i-th      \
+ * reads its first keys[e] + i + 1 keys (causal; keys[e] >= 0, keys[e] + nq[e] <= L).       \
+ * Writes out [R, H, D] and lse [R, H] at those rows only. */                               \
+static int attend_entries_##SUF(const T *q, const T *kc, const T *vc, const int64_t *index, \
+                                const int64_t *pos, const int32_t *nq, const int32_t *keys, \
+                                int E, int N, int R, int H, int KV, int D, int L,           \
+                                float scale, T *out, float *lse) {                          \
   int G = H / KV;                                                                           \
   if (D > MAX_D || G > MAX_G || G * KV != H) return -1;                                      \
   int err = 0;                                                                              \
@@ -162,20 +134,44 @@ int sg_chunk_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *ind
     if (s == NULL) { _Pragma("omp atomic write") err = -2; lo = hi; }                        \
     for (long w = lo; w < hi; w++) {                                                        \
       int e = (int)(w / KV), j = (int)(w % KV);                                             \
-      if (nq[e] < 1 || nq[e] > N || ctx[e] < 0 || ctx[e] + nq[e] > L) {                     \
+      int runs = pos == NULL ? 1 : nq[e], first = pos == NULL ? keys[e] : keys[e] + 1;      \
+      if (runs < 1 || (pos != NULL && runs > N) || first < 1 || first + runs - 1 > L) {     \
         _Pragma("omp atomic write") err = -3; continue; }                                   \
-      for (int i = 0; i < nq[e]; i++) {                                                     \
-        int64_t r = pos[(size_t)e * N + i];                                                 \
+      for (int i = 0; i < runs; i++) {                                                      \
+        int64_t r = pos == NULL ? e : pos[(size_t)e * N + i];                               \
         if (r < 0 || r >= R) { _Pragma("omp atomic write") err = -3; break; }              \
         size_t head = (size_t)r * H + (size_t)j * G;                                        \
-        attend_group_##SUF(q + head * D, kc, vc, index + (size_t)e * L, ctx[e] + i + 1, j,  \
-                           KV, G, D, scale, s, out + head * D, lse + head);                 \
+        attend_group_##SUF(q + head * D, kc, vc, index + (size_t)e * L, first + i, j, KV,   \
+                           G, D, scale, s, out + head * D, lse + head);                     \
       }                                                                                     \
     }                                                                                       \
     free(s);                                                                                \
     FLUSH_END                                                                               \
   }                                                                                         \
   return err;                                                                               \
+}                                                                                           \
+                                                                                            \
+/* Decode attention of one-token queries against their own keys, read in place from a KV   \
+ * layer [slots, KV, D] through a slot index: q [B, H, D], index [B, L] (row b's first      \
+ * lens[b] entries are its slots), out [B, H, D], lse [B, H] (natural log-sum-exp of the    \
+ * scaled scores, float32). Query head h reads KV head h / (H / KV). lens[b] >= 1. */        \
+int sg_decode_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *index,       \
+                         const int32_t *lens, int B, int H, int KV, int D, int L, float scale, \
+                         T *out, float *lse) {                                               \
+  return attend_entries_##SUF(q, kc, vc, index, NULL, NULL, lens, B, 1, B, H, KV, D, L,     \
+                              scale, out, lse);                                             \
+}                                                                                           \
+                                                                                            \
+/* Causal attention of short runs of new tokens against their own keys, read in place:    \
+ * entry e has nq[e] query rows, at rows pos[e, 0..nq[e]-1] of q [R, H, D], whose query i   \
+ * reads its first ctx[e] + i + 1 keys (slots index[e, ..], [E, L]); out [R, H, D] and      \
+ * lse [R, H] are written at those rows only. pos: [E, N]. */                               \
+int sg_chunk_attn_##SUF(const T *q, const T *kc, const T *vc, const int64_t *index,        \
+                        const int64_t *pos, const int32_t *nq, const int32_t *ctx, int E,   \
+                        int N, int R, int H, int KV, int D, int L, float scale, T *out,     \
+                        float *lse) {                                                       \
+  return attend_entries_##SUF(q, kc, vc, index, pos, nq, ctx, E, N, R, H, KV, D, L, scale,  \
+                              out, lse);                                                    \
 }                                                                                           \
                                                                                             \
 /* RMSNorm, as the model's torch code: xf = float(x); y = w * T(xf * rsqrt(mean(xf^2) +     \
