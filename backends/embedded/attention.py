@@ -242,8 +242,8 @@ class ChunkPlan:
     mask: torch.Tensor       # [E, N, L] causal: query j of an entry sees its keys up to its own position
     valid: torch.Tensor      # [V] flat indices into E * N of the real queries
     valid_pos: torch.Tensor  # [V] their positions in DecodePlan.rows
-    new: torch.Tensor | None = None      # [E] int32: each entry's queries (for the native kernel)
-    context: torch.Tensor | None = None  # [E] int32: each entry's own keys before its first query
+    new: torch.Tensor        # [E] int32: each entry's queries (for the native kernel)
+    context: torch.Tensor    # [E] int32: each entry's own keys before its first query
     _bias: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def bias(self, dtype: torch.dtype, group: int) -> torch.Tensor:
@@ -375,10 +375,9 @@ class AttentionPlan:
                 mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).to(device)
             lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
         if not chunks:
-            return DecodePlan(row_t, index, mask, None, groups, lens=lens_t if own else None)
+            return DecodePlan(row_t, index, mask, None, groups, lens=lens_t)
         return DecodePlan(row_t, index, mask, None, groups, _plan_chunks(chunks, device),
-                          torch.tensor(single_pos, dtype=torch.long, device=device),
-                          lens_t if own else None)
+                          torch.tensor(single_pos, dtype=torch.long, device=device), lens_t)
 
 
 def _plan_chunks(chunks: list[tuple[int, torch.Tensor, int]], device: torch.device) -> ChunkPlan:
@@ -522,7 +521,7 @@ def _attend_own(qd: torch.Tensor, pool: KVPool, layer: int, dec: DecodePlan,
         o.index_copy_(0, dec.single_pos, os_)
         lse.index_copy_(0, dec.single_pos, ls)
     e, n = ch.pos.shape
-    if kernels is not None and ch.new is not None and ch.context is not None:  # keys read in place
+    if kernels is not None:  # keys read in place
         kernels.chunk_attention_(qd, pool.k[layer], pool.v[layer], ch.index, ch.pos, ch.new,
                                  ch.context, scale, o, lse)
         return o, lse

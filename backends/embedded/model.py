@@ -256,25 +256,30 @@ class DecoderModel:
         )
 
     # -- the forward ------------------------------------------------------------------
+    def _qk_v(self, layer: _Layer, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's q and k heads ``[T, H + KV, D]`` (a view of the fused projection,
+        or Qwen3's per-head normed copy) and v heads ``[T, KV, D]`` for the normed input ``y``."""
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(y, layer.qkv, layer.qkv_b).view(y.shape[0], h + 2 * kvh, d)
+        qk, v = qkv[:, :h + kvh], qkv[:, h + kvh:]
+        if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per head
+            qk = torch.cat((_rms_norm(qk[:, :h], layer.q_norm, self.eps),
+                            _rms_norm(qk[:, h:], layer.k_norm, self.eps)), dim=1)
+        return qk, v
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """Run ``batch``; write its K/V into ``kv``; logits ``[R, vocab]`` (float32)."""
         if self.kernels is not None:
             return self._forward_native(batch, kv, self.kernels)
         t = batch.input_ids.shape[0]
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h, d = self.num_heads, self.head_dim
         x = self.embed.index_select(0, batch.input_ids)
         cos = self._cos.index_select(0, batch.positions)[:, None, :]
         sin = self._sin_signed.index_select(0, batch.positions)[:, None, :]
-        hq = h + kvh  # q and k heads: rotated together
         half = d // 2
         for i, layer in enumerate(self.layers):
-            y = _rms_norm(x, layer.ln1, self.eps)
-            qkv = F.linear(y, layer.qkv, layer.qkv_b).view(t, hq + kvh, d)
-            qk, v = qkv[:, :hq], qkv[:, hq:]
-            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per head
-                qk = torch.cat((_rms_norm(qk[:, :h], layer.q_norm, self.eps),
-                                _rms_norm(qk[:, h:], layer.k_norm, self.eps)), dim=1)
+            qk, v = self._qk_v(layer, _rms_norm(x, layer.ln1, self.eps))
             # RoPE: x * cos + rotate_half(x) * sin, with rotate_half's sign folded into sin
             qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
             q, k = qk[:, :h], qk[:, h:]
@@ -295,19 +300,14 @@ class DecoderModel:
         RMSNorm, SiLU-times-up and RoPE are one pass each, and one-token queries read their
         own keys in place (:func:`run_attention` with ``kernels``)."""
         t = batch.input_ids.shape[0]
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h, d = self.num_heads, self.head_dim
         x = self.embed.index_select(0, batch.input_ids)
         cos = self._cos.index_select(0, batch.positions)
         sin = self._sin_signed.index_select(0, batch.positions)
-        hq = h + kvh
+        hq = h + self.num_kv_heads  # q and k heads: rotated together
         pending: torch.Tensor | None = None  # the last MLP's output, not yet added to x
         for i, layer in enumerate(self.layers):
-            y = nk.rms_norm(x, layer.ln1, self.eps, residual=pending)  # x += pending first
-            qkv = F.linear(y, layer.qkv, layer.qkv_b).view(t, hq + kvh, d)
-            qk, v = qkv[:, :hq], qkv[:, hq:]
-            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per head
-                qk = torch.cat((_rms_norm(qk[:, :h], layer.q_norm, self.eps),
-                                _rms_norm(qk[:, h:], layer.k_norm, self.eps)), dim=1)
+            qk, v = self._qk_v(layer, nk.rms_norm(x, layer.ln1, self.eps, residual=pending))  # x += pending
             nk.rope_(qk, hq, cos, sin)
             q, k = qk[:, :h], qk[:, h:]
             kv.write(i, batch.write_slots, k, v)

@@ -101,10 +101,6 @@ class Kernels:
             self._fn.update({("attn", dtype): attn, ("chunk", dtype): chunk, ("rms", dtype): rms,
                              ("silu", dtype): silu, ("rope", dtype): rope})
 
-    def supports(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s device and dtype run here."""
-        return t.device.type == "cpu" and t.dtype in _SUFFIX
-
     def decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          index: torch.Tensor, lens: torch.Tensor, scale: float
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,6 +113,8 @@ class Kernels:
         kv = k.shape[1]
         q = q.contiguous()
         _check(q, k, v)
+        if k.dim() != 3 or k.shape != v.shape or k.shape[2] != d:
+            raise ValueError("decode_attention: k and v [slots, KV, D] with q's head_dim")
         if index.dtype != torch.int64 or lens.dtype != torch.int32 or not index.is_contiguous() \
                 or index.shape[0] != b or lens.shape != (b,):
             raise ValueError("decode_attention: index [B, L] int64 and lens [B] int32")
@@ -140,6 +138,8 @@ class Kernels:
         :func:`~structgen.backends.embedded.attention.attend_chunks` over gathered keys."""
         r, h, d = q.shape
         _check(q, k, v, out)
+        if k.dim() != 3 or k.shape != v.shape or k.shape[2] != d:
+            raise ValueError("chunk_attention_: k and v [slots, KV, D] with q's head_dim")
         e, n = pos.shape
         ints = ((index, torch.int64, 2), (pos, torch.int64, 2), (new, torch.int32, 1), (context, torch.int32, 1))
         if any(t.dtype != dt or t.dim() != nd or not t.is_contiguous() or t.shape[0] != e for t, dt, nd in ints) \
@@ -157,6 +157,8 @@ class Kernels:
         """RMSNorm of ``x`` ``[T, N]``; with ``residual``, first ``x += residual`` in place
         (the decoder's residual add), then the norm of the sum."""
         _check(x, weight, *(() if residual is None else (residual,)))
+        if x.dim() != 2 or weight.shape != x.shape[1:] or (residual is not None and residual.shape != x.shape):
+            raise ValueError("rms_norm: x [T, N], weight [N], residual like x")
         y = torch.empty_like(x)
         self._fn["rms", x.dtype](_ptr(x), None if residual is None else _ptr(residual),
                                  _ptr(weight), _ptr(y), x.shape[0], x.shape[-1], eps)
@@ -165,6 +167,8 @@ class Kernels:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` for ``gate_up`` ``[T, 2 I]`` = ``[gate | up]``: ``[T, I]``."""
         _check(gate_up)
+        if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+            raise ValueError("silu_mul: gate_up [T, 2 I]")
         t, two_i = gate_up.shape
         out = torch.empty(t, two_i // 2, dtype=gate_up.dtype)
         self._fn["silu", gate_up.dtype](_ptr(gate_up), _ptr(out), t, two_i // 2)
@@ -178,6 +182,8 @@ class Kernels:
         if x.stride(2) != 1 or x.stride(1) != d or d > MAX_HEAD_DIM or d % 2:
             raise ValueError("rope_: heads of x must be dense rows of an even head_dim <= 256")
         _check(cos, sin_signed)
+        if x.device.type != "cpu" or x.dtype != cos.dtype or cos.shape != (t, d) or sin_signed.shape != (t, d):
+            raise ValueError("rope_: x on the CPU in cos's dtype; cos and sin_signed [T, D]")
         self._fn["rope", x.dtype](_ptr(x), x.stride(0), _ptr(cos), _ptr(sin_signed), t, heads, d)
 
 

@@ -4,6 +4,7 @@ they replace: random tensors in float32 and bfloat16, then the real model's forw
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import pytest
@@ -20,7 +21,7 @@ IDS = ["f32", "bf16"]
 
 @pytest.fixture(scope="module")
 def nk():
-    if shutil.which("cc") is None and not native.os.environ.get("CC"):
+    if shutil.which("cc") is None and not os.environ.get("CC"):
         pytest.fail("no C compiler: the kernels cannot be built on this machine")
     k = native.kernels()
     assert k is not None, "the native kernels did not build (see the log)"
@@ -124,6 +125,24 @@ def test_decode_attention_refuses_bad_lengths_and_shapes(nk):
         nk.decode_attention(q, pool, pool, index, torch.tensor([1, 4]), 1.0)
     with pytest.raises(ValueError, match="contiguous CPU tensors of one dtype"):
         nk.decode_attention(q, pool.bfloat16(), pool, index, torch.tensor([1, 4], dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match="head_dim"):
+        nk.decode_attention(q, pool[..., :32].contiguous(), pool[..., :32].contiguous(), index,
+                            torch.tensor([1, 4], dtype=torch.int32), 1.0)
+
+
+def test_elementwise_kernels_refuse_mismatched_shapes_and_dtypes(nk):
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="residual like x"):
+        nk.rms_norm(x, torch.ones(8), 1e-5, residual=torch.randn(3, 8))
+    with pytest.raises(ValueError, match="weight"):
+        nk.rms_norm(x, torch.ones(7), 1e-5)
+    with pytest.raises(ValueError, match=r"gate_up \[T, 2 I\]"):
+        nk.silu_mul(torch.randn(4, 7))
+    qk = torch.randn(4, 3, 8)
+    with pytest.raises(ValueError, match="cos's dtype"):
+        nk.rope_(qk, 3, torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16())
+    with pytest.raises(ValueError, match=r"\[T, D\]"):
+        nk.rope_(qk, 3, torch.randn(5, 8), torch.randn(5, 8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
