@@ -42,10 +42,24 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() - b.float()).abs() / (scale * eps)
 
 
+# (query heads, KV heads, head_dim, keys): bf16 heads of 64 run the AVX-512 BF16 loop where
+# the CPU has it, 4 query heads at a time (9/3: one group of 3; 10/2: 4 + 1; 8/1: 4 + 4;
+# 2/2: one), in blocks of 16 keys (23: a block and a part; 40: two and a part); 128: the
+# generic loop
+SHAPES = [(9, 3, 64, 23), (10, 2, 64, 40), (8, 1, 64, 16), (2, 2, 64, 5), (4, 2, 128, 23)]
+
+
+def test_the_bf16_attention_is_built_where_the_cpu_has_avx512_bf16(nk):
+    flags = native._cpu_flags().split()
+    assert nk.bf16_attention == ("avx512_bf16" in flags and "avx512f" in flags)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"h{h}kv{k}d{d}n{n}" for h, k, d, n in SHAPES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-def test_decode_attention_reads_the_pool_in_place_as_gather_then_attend(nk, dtype):
+def test_decode_attention_reads_the_pool_in_place_as_gather_then_attend(nk, dtype, shape):
     g = torch.Generator().manual_seed(0)
-    b, h, kvh, d, width, slots = 37, 9, 3, 64, 23, 2000
+    h, kvh, d, width = shape
+    b, slots = 37, 2000
     k_pool = torch.randn(slots, kvh, d, generator=g).to(dtype)
     v_pool = torch.randn(slots, kvh, d, generator=g).to(dtype)
     q = torch.randn(b, h, d, generator=g).to(dtype)
@@ -57,8 +71,8 @@ def test_decode_attention_reads_the_pool_in_place_as_gather_then_attend(nk, dtyp
         index[i, :lens[i]] = perm[i * width:i * width + int(lens[i])]
     mask = torch.arange(width)[None] < lens[:, None].long()
     # the reference in float32 on the same (rounded) values: the kernel computes in float32
-    ref_o, ref_l = attend_padded(q.float(), k_pool[index].float(), v_pool[index].float(), mask, 0.125, fused=False)
-    out, lse = nk.decode_attention(q, k_pool, v_pool, index, lens, 0.125)
+    ref_o, ref_l = attend_padded(q.float(), k_pool[index].float(), v_pool[index].float(), mask, d ** -0.5, fused=False)
+    out, lse = nk.decode_attention(q, k_pool, v_pool, index, lens, d ** -0.5)
     assert out.dtype == dtype and lse.dtype == torch.float32 and out.shape == q.shape
     assert (lse - ref_l).abs().max() < 1e-4  # its exp is a polynomial (~2 ulp)
     tol = 1e-5 if dtype == torch.float32 else 2 ** -7  # bf16: the output's own rounding
