@@ -89,8 +89,9 @@ def test_two_workers_share_the_records_and_the_summary_counts_each_ones(tmp_path
     """Two workers on an input Ray reads as several blocks: every record is written once, in
     order, and the summary says which worker (host:pid) computed how many. The pool keeps
     both busy: with Ray Data's defaults one worker took most of the batches while the other
-    waited (512 of 600 records measured, and this test failed); each worker holds one batch
-    at a time, so neither computes much more than twice the other's share."""
+    waited (512 of 600 records measured, and this test failed); each worker holds two batches
+    at a time (``BATCHES_IN_FLIGHT``), so neither computes much more than twice the other's
+    share."""
     from structgen.extract.ray_job import RayOptions, run_ray_job
 
     n = 32
