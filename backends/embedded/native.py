@@ -18,7 +18,8 @@ take a second attention loop built on ``vdpbf16ps`` with an online softmax, and 
 sequence's keys are prefetched while the one before it computes: that call 0.43 ms against
 0.77 (keys in cache), 0.86 against 1.56 ms with the keys spread over 30 layers' pools, and the
 in-process extract job (500 documents a round, four rounds each, alternating) 24.35 docs/s
-against 21.48 (median), 1.13x.
+against 21.48 (median), 1.13x, on rounds that drifted from 25 to 13 docs/s; the full
+benchmark's ratio to vLLM moved less, from 1.39-1.47 to 1.44-1.48 (``bench/extract.py``).
 
 How: ``cpu_kernels.c`` is compiled with the machine's C compiler (``$CC``, else ``cc``;
 ``-O3 -march=native -fopenmp``) into ``<cache>/kernels/cpu_kernels-<key>.so`` (``<cache>``:
