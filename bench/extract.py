@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,9 +302,10 @@ def main() -> None:
         alt.close()
 
     names = [n for n in ("vllm", "outlines") if n not in skip]
-    comp = run_competitors(names, rendered, schema.dict, args.max_tokens, subset=args.outlines_docs,
-                           model_dir=str(backend.model_path), gguf="", log_dir=Path(args.logs),
-                           timeout=args.competitor_timeout, vllm_dtype=dtype) if names else {}
+    compete = partial(run_competitors, prompts=rendered, schema=schema.dict, max_tokens=args.max_tokens,
+                      subset=args.outlines_docs, model_dir=str(backend.model_path), gguf="",
+                      log_dir=Path(args.logs), timeout=args.competitor_timeout, vllm_dtype=dtype)
+    comp = compete(names) if names else {}
     if "vllm" in comp:
         print(f"vLLM batch path: offline LLM.generate, prefix caching on, {dtype} (structgen's), "
               "structured_outputs json", flush=True)
@@ -313,10 +315,7 @@ def main() -> None:
         for i in range(1, args.vllm_pairs):
             for side in (("vllm", "structgen") if i % 2 else ("structgen", "vllm")):
                 if side == "vllm":
-                    vllm_runs.append(run_competitors(["vllm"], rendered, schema.dict, args.max_tokens,
-                                                     model_dir=str(backend.model_path), gguf="",
-                                                     log_dir=Path(args.logs), timeout=args.competitor_timeout,
-                                                     vllm_dtype=dtype)["vllm"])
+                    vllm_runs.append(compete(["vllm"])["vllm"])
                 else:
                     out_i = tmp / f"out-{i}.jsonl"  # a fresh output and journal: nothing resumed
                     w, _ = run_structgen(backend, tmp / "docs.jsonl", out_i, tmp, args.max_tokens)

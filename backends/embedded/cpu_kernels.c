@@ -33,20 +33,33 @@ static inline uint16_t bf16_store(float f) {  /* round to nearest even; a NaN st
   return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
+/* sg_exp's constants, shared with its 16-lane twin sg_exp512. */
+#define SG_LOG2E 1.44269504088896341f
+#define SG_LN2_HI 0.693359375f
+#define SG_LN2_LO 2.12194440e-4f
+#define SG_EXP_P0 1.9875691500e-4f
+#define SG_EXP_P1 1.3981999507e-3f
+#define SG_EXP_P2 8.3334519073e-3f
+#define SG_EXP_P3 4.1665795894e-2f
+#define SG_EXP_P4 1.6666665459e-1f
+#define SG_EXP_P5 5.0000001201e-1f
+#define SG_EXP_LO (-87.3f)
+#define SG_EXP_HI 88.3f
+
 /* e^x to about 2 ulp (Cephes expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n),
  * written so the compiler vectorises it (libm's expf stays scalar without -ffast-math).
  * x is clamped to [-87.3, 88.3] (e^x of a smaller x comes out ~1e-38, not 0); NaN stays NaN. */
 static inline float sg_exp(float x) {
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.3f ? 88.3f : x;
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  x = x < SG_EXP_LO ? SG_EXP_LO : x;
+  x = x > SG_EXP_HI ? SG_EXP_HI : x;
+  float n = __builtin_floorf(x * SG_LOG2E + 0.5f);
+  float r = x - n * SG_LN2_HI + n * SG_LN2_LO;
+  float p = SG_EXP_P0;
+  p = p * r + SG_EXP_P1;
+  p = p * r + SG_EXP_P2;
+  p = p * r + SG_EXP_P3;
+  p = p * r + SG_EXP_P4;
+  p = p * r + SG_EXP_P5;
   p = p * r * r + r + 1.f;
   int32_t e = ((int32_t)n + 127) << 23;
   float scale;
@@ -121,18 +134,18 @@ static inline __m512 sg_hsum16(const __m512 *v) {
 /* sg_exp on 16 lanes (-inf gives 0: clamped to e^-87.3 ~ 1e-38, then flushed by the
  * caller's mask, see attend64). */
 static inline __m512 sg_exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
-  __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
+  x = _mm512_max_ps(x, _mm512_set1_ps(SG_EXP_LO));
+  x = _mm512_min_ps(x, _mm512_set1_ps(SG_EXP_HI));
+  __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(SG_LOG2E),
                                                   _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
-                             _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(SG_LN2_LO),
+                             _mm512_fnmadd_ps(n, _mm512_set1_ps(SG_LN2_HI), x));
+  __m512 p = _mm512_set1_ps(SG_EXP_P0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SG_EXP_P1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SG_EXP_P2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SG_EXP_P3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SG_EXP_P4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SG_EXP_P5));
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));

@@ -123,8 +123,7 @@ class Kernels:
         kv = k.shape[1]
         q = q.contiguous()
         _check(q, k, v)
-        if k.dim() != 3 or k.shape != v.shape or k.shape[2] != d:
-            raise ValueError("decode_attention: k and v [slots, KV, D] with q's head_dim")
+        _check_kv("decode_attention", k, v, d)
         if index.dtype != torch.int64 or lens.dtype != torch.int32 or not index.is_contiguous() \
                 or index.shape[0] != b or lens.shape != (b,):
             raise ValueError("decode_attention: index [B, L] int64 and lens [B] int32")
@@ -148,8 +147,7 @@ class Kernels:
         :func:`~structgen.backends.embedded.attention.attend_chunks` over gathered keys."""
         r, h, d = q.shape
         _check(q, k, v, out)
-        if k.dim() != 3 or k.shape != v.shape or k.shape[2] != d:
-            raise ValueError("chunk_attention_: k and v [slots, KV, D] with q's head_dim")
+        _check_kv("chunk_attention_", k, v, d)
         e, n = pos.shape
         ints = ((index, torch.int64, 2), (pos, torch.int64, 2), (new, torch.int32, 1), (context, torch.int32, 1))
         if any(t.dtype != dt or t.dim() != nd or not t.is_contiguous() or t.shape[0] != e for t, dt, nd in ints) \
@@ -204,6 +202,12 @@ def _check(*ts: torch.Tensor) -> None:
                 or not t.is_contiguous():
             raise ValueError("native kernels take contiguous CPU tensors of one dtype "
                              "(float32 or bfloat16)")
+
+
+def _check_kv(kernel: str, k: torch.Tensor, v: torch.Tensor, head_dim: int) -> None:
+    """One layer of the KV pool: k and v ``[slots, KV, head_dim]`` alike."""
+    if k.dim() != 3 or k.shape != v.shape or k.shape[2] != head_dim:
+        raise ValueError(f"{kernel}: k and v [slots, KV, D] with q's head_dim")
 
 
 def _cpu_flags() -> str:

@@ -264,10 +264,11 @@ def balance_workers(ctx: Any, workers: int) -> None:
     a 1 MiB target makes the budget real; with several workers the pool starts
     dispatching once all its actors are up (an engine loads in seconds to minutes: a
     15-minute wait), and each actor holds two batches at a time (:data:`BATCHES_IN_FLIGHT`),
-    so an actor with a free slot takes the next one. One worker has no one to share with: Ray Data's waiting
-    would hold back the reading too (it starts no task before the pool is up), so the
-    first batch would wait for a read task started only then (2 s measured, most of it a
-    worker process starting); without it the input is read while the engine loads."""
+    so an actor with a free slot takes the next one. One worker has no one to share with:
+    Ray Data's waiting would hold back the reading too (it starts no task before the pool
+    is up), so the first batch would wait for a read task started only then (2 s measured,
+    most of it a worker process starting); without it the input is read while the engine
+    loads."""
     ctx.target_max_block_size = 1024 * 1024
     ctx.wait_for_min_actors_s = 900 if workers > 1 else -1  # -1: Ray Data's default, no wait
 
