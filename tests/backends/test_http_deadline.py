@@ -82,7 +82,10 @@ def test_a_silent_server_costs_one_deadline_not_retries_times_timeout():
         hits = srv.hits
     assert isinstance(err, DeadlineExceededError), err
     assert took < 2.5 + MARGIN
-    assert 2 <= err.attempts <= hits and err.attempts < 1 + policy.max_retries
+    assert 2 <= err.attempts < 1 + policy.max_retries
+    # every attempt but the last reached the server; the last one may have started with so
+    # little time left that the deadline cut it before its request was written (seen in CI)
+    assert err.attempts - 1 <= hits <= err.attempts
     msg = str(err)
     assert f"{err.attempts} attempts" in msg and "timed out waiting for" in msg and srv.url in msg
 
