@@ -33,7 +33,10 @@ returns the log-sum-exp beside the output); the queries of a KV head's group are
 that head, so GQA needs no copy of K/V. Elsewhere (CUDA, other dtypes, a torch without the
 kernel) they run as one matmul per KV head with the softmax in float32. Both agree to
 float rounding (tested); the fused one reads K/V once and never materialises the scores
-in float32.
+in float32. With the native kernels (``kernels``) and a CPU with AMX-BF16, a bfloat16
+shared prefix of head_dim 64 runs on AMX tiles instead and is merged in place into the
+queries' own attention (``Kernels.shared_attention_``; 0.26 ms against 0.54-0.85 ms for
+torch's kernel on 768 query rows a KV head and 389 keys).
 """
 
 from __future__ import annotations
@@ -465,7 +468,11 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
         o, lse = _attend_own(qd, pool, layer, dec, scale, kernels)
         for g in dec.groups:
             kp, vp = pool.read(layer, g.prefix)
-            if len(g.queries) == len(dec.rows):  # the one group, every query (rows in order): no gather
+            every = len(g.queries) == len(dec.rows)  # the one group, every query (rows in order)
+            if kernels is not None and kernels.shared_fits(qd, kp):  # AMX tiles, merged in place
+                kernels.shared_attention_(qd, kp, vp, scale, o, lse, rows=None if every else g.queries)
+                continue
+            if every:  # no gather
                 op, lsep = attend_shared(qd, kp, vp, scale)
                 o = merge_partials(op, lsep, o, lse)
                 continue

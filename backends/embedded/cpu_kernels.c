@@ -10,6 +10,7 @@
  *
  * All tensors are contiguous unless a stride is passed; the Python side checks.
  */
+#define _GNU_SOURCE  /* syscall() under -std=c11 */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -244,12 +245,229 @@ static void attend64_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t 
     else attend64_g1(qq, kc, vc, ix, n, j, KV, scale, oo, lse + g);
   }
 }
+
+/* The attention of every decode query to a prefix its sequences share (the cascade's shared
+ * part), bfloat16 heads of head_dim 64, on AMX tiles where the CPU has AMX-BF16. The queries
+ * of KV head j (B rows x G heads) are taken 16 at a time: their scores against all P keys by
+ * tile products (bf16 pairs, float32 sums) into a float buffer, a softmax over each row in
+ * base 2 (one max pass, one pass of 2^x, its sum and the bf16 weights), then the weights
+ * times V by tile products into four 16 x 16 float tiles. K and V are first packed per call
+ * into the tiles' pair layout (VNNI), keys padded to 32 with zeros (their weights are 0).
+ * Measured alone (256 rows, 9 heads over 3, 389 keys, 2 cores): 0.26 ms a call against
+ * 0.54-0.85 ms for torch's fused CPU attention on the same tensors. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SG_AMX 2
+#define SG_LN2 0.693147180559945309f
+#define SG_MAX_SHARED 16384  /* keys: the score buffer is 16 x P floats a thread */
+
+/* Linux lends a thread the AMX tile state only after the process asks (ARCH_REQ_XCOMP_PERM
+ * for XTILEDATA); 0 once granted (torch's oneDNN may have asked already: asking again is
+ * harmless). */
+int sg_amx_init(void) { return (int)syscall(SYS_arch_prctl, 0x1023, 18); }
+
+/* 2^t on 16 lanes (t <= 0 here; about 3e-6 relative): t = n + f, |f| <= 1/2, a degree-5
+ * polynomial in f, times 2^n by vscalefps (a t below -150 gives 0, -inf gives 0). */
+static inline __m512 sg_exp2_512(__m512 t) {
+  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.3333558146e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } sg_tilecfg;
+
+/* Eight tiles of 16 rows x 64 bytes. In the score phase 0-1 hold scores, 2-3 and 6-7 keys,
+ * 4-5 the queries' two halves of head_dim; in the value phase 0-3 the output, 4 the
+ * weights, 5-7 values. */
+static void sg_tiles_on(void) {
+  sg_tilecfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+  _tile_loadconfig(&cfg);
+}
+
+/* K and V of KV head j, keys [16 kb, 16 kb + 16) (V: with the next 16, for even kb), into
+ * the pair layout: K as 2 tiles (dims 0-31, 32-63) of 16 rows (dim pairs) x 16 keys; V as
+ * 4 tiles (16 dims each) of 16 rows (key pairs) x 16 dims. Keys past P are zeros. */
+static void sg_pack_kv(const uint16_t *kc, const uint16_t *vc, size_t rs, int j, int kb, int P,
+                       uint32_t *kp, uint32_t *vp) {
+  for (int n = 0; n < 16; n++) {
+    int key = kb * 16 + n;
+    const uint32_t *src = key < P ? (const uint32_t *)(kc + (size_t)key * rs + (size_t)j * 64) : NULL;
+    for (int r = 0; r < 32; r++) kp[(r >> 4) * 256 + (r & 15) * 16 + n] = src ? src[r] : 0u;
+  }
+  if (kb & 1) return;
+  for (int r = 0; r < 16; r++) {
+    int k0 = kb * 16 + 2 * r, k1 = k0 + 1;
+    const uint16_t *a = k0 < P ? vc + (size_t)k0 * rs + (size_t)j * 64 : NULL;
+    const uint16_t *b = k1 < P ? vc + (size_t)k1 * rs + (size_t)j * 64 : NULL;
+    for (int d = 0; d < 64; d++)
+      vp[(d >> 4) * 256 + r * 16 + (d & 15)] = (a ? a[d] : 0u) | ((uint32_t)(b ? b[d] : 0u) << 16);
+  }
+}
+
+/* q [R, H, 64]; the prefix's keys and values k, v: P slots of rows KV * 64 (slot p at
+ * k + p * KV * 64); rows: B rows of q to attend (NULL: rows 0..B-1, B <= R). Writes out
+ * [R, H, 64] and lse [R, H] at those rows; with merge, out and lse there already hold
+ * those queries' attention over other keys (their own), and the two are merged by their
+ * log-sum-exp (as merge_partials, the shared part unrounded). */
+int sg_shared_attn_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int64_t *rows,
+                        int B, int R, int H, int KV, int P, float scale, int merge,
+                        uint16_t *out, float *lse) {
+  const int D = 64, G = H / KV;
+  if (G * KV != H || P < 1 || P > SG_MAX_SHARED || B > R) return -1;
+  if (B < 1) return 0;
+  const int PP = (P + 31) & ~31;
+  const long N = (long)B * G, QB = (N + 15) / 16;
+  const size_t rs = (size_t)KV * D;
+  uint16_t *kp = aligned_alloc(64, (size_t)KV * PP * D * 2), *vp = aligned_alloc(64, (size_t)KV * PP * D * 2);
+  if (kp == NULL || vp == NULL) { free(kp); free(vp); return -2; }
+  int err = 0;
+  _Pragma("omp parallel")
+  {
+    FLUSH_BEGIN
+    _Pragma("omp for schedule(static)")
+    for (long w = 0; w < (long)KV * (PP / 16); w++) {
+      int j = (int)(w / (PP / 16)), kb = (int)(w % (PP / 16));
+      sg_pack_kv(kc, vc, rs, j, kb, P, (uint32_t *)kp + ((size_t)j * (PP / 16) + kb) * 512,
+                 (uint32_t *)vp + ((size_t)j * (PP / 32) + kb / 2) * 1024);
+    }  /* (a barrier) */
+    float *s = aligned_alloc(64, sizeof(float) * 16 * PP);
+    uint16_t *pb = aligned_alloc(64, sizeof(uint16_t) * 16 * PP);
+    uint16_t qbuf[16 * 64] __attribute__((aligned(64)));
+    float obuf[16 * 64] __attribute__((aligned(64))), m[16], z[16];
+    size_t head[16];
+    if (s == NULL || pb == NULL) { _Pragma("omp atomic write") err = -2; }
+    sg_tiles_on();
+    const float c2 = scale * SG_LOG2E;
+    const int full = P & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (P - full)) - 1u);
+    _Pragma("omp for schedule(static)")
+    for (long w = 0; w < (long)KV * QB; w++) {
+      if (s == NULL || pb == NULL) continue;
+      const int j = (int)(w / QB);
+      const long r0 = (w % QB) * 16;
+      const int nr = N - r0 < 16 ? (int)(N - r0) : 16;
+      int bad = 0;
+      for (int i = 0; i < 16; i++) {
+        if (i >= nr) { memset(qbuf + i * 64, 0, 128); continue; }
+        long b = (r0 + i) / G, g = (r0 + i) % G, row = rows == NULL ? b : rows[b];
+        if (row < 0 || row >= R) { bad = 1; break; }
+        head[i] = (size_t)row * H + (size_t)j * G + (size_t)g;
+        memcpy(qbuf + i * 64, q + head[i] * D, 128);
+      }
+      if (bad) { _Pragma("omp atomic write") err = -3; continue; }
+      _tile_loadd(4, qbuf, 128);
+      _tile_loadd(5, qbuf + 32, 128);
+      const uint16_t *kj = kp + (size_t)j * PP * D, *vj = vp + (size_t)j * PP * D;
+      for (int kb = 0; kb < PP / 16; kb += 2) {  /* 32 keys' scores: tiles 0 and 1 */
+        const uint16_t *kk = kj + (size_t)kb * 1024;
+        _tile_loadd(2, kk, 64);
+        _tile_loadd(3, kk + 512, 64);
+        _tile_loadd(6, kk + 1024, 64);
+        _tile_loadd(7, kk + 1536, 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_dpbf16ps(0, 4, 2);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_dpbf16ps(0, 5, 3);
+        _tile_dpbf16ps(1, 5, 7);
+        _tile_stored(0, s + kb * 16, PP * 4);
+        _tile_stored(1, s + kb * 16 + 16, PP * 4);
+      }
+      /* each row's weights 2^(c2 s - c2 max) over its first P keys, 0 past them */
+      const __m512 vc2 = _mm512_set1_ps(c2);
+      for (int i = 0; i < 16; i++) {
+        const float *si = s + (size_t)i * PP;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int l = 0; l < full; l += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(si + l));
+        if (tail) mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_load_ps(si + full));
+        const float mm = _mm512_reduce_max_ps(mx) * c2;
+        const __m512 vm = _mm512_set1_ps(mm);
+        __m512 acc = _mm512_setzero_ps();
+        uint16_t *pi = pb + (size_t)i * PP;
+        for (int l = 0; l < PP; l += 16) {
+          __m512 e = sg_exp2_512(_mm512_fmsub_ps(_mm512_load_ps(si + l), vc2, vm));
+          if (l >= full) e = _mm512_maskz_mov_ps(l == full ? tail : 0, e);
+          acc = _mm512_add_ps(acc, e);
+          _mm256_store_si256((__m256i *)(pi + l), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        m[i] = mm * SG_LN2;
+        z[i] = _mm512_reduce_add_ps(acc);
+      }
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int kb = 0; kb < PP / 32; kb++) {  /* weights [16 x 32 keys] times V */
+        const uint16_t *vb = vj + (size_t)kb * 2048;
+        _tile_loadd(4, pb + kb * 32, PP * 2);
+        _tile_loadd(5, vb, 64);
+        _tile_loadd(6, vb + 512, 64);
+        _tile_loadd(7, vb + 1024, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, vb + 1536, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+      _tile_stored(0, obuf, 256);
+      _tile_stored(1, obuf + 16, 256);
+      _tile_stored(2, obuf + 32, 256);
+      _tile_stored(3, obuf + 48, 256);
+      for (int i = 0; i < nr; i++) {
+        float l1 = m[i] + logf(z[i]), w1 = 1.f / z[i];
+        uint16_t *o = out + head[i] * D;
+        if (merge) {  /* o = o2 + sigmoid(l1 - l2) (o1 - o2) */
+          float l2 = lse[head[i]], hi = l1 > l2 ? l1 : l2;
+          float a = 1.f / (1.f + expf(l2 - l1));
+          for (int d = 0; d < D; d++) {
+            float o2 = bf16_load(o[d]);
+            o[d] = bf16_store(o2 + a * (obuf[i * 64 + d] * w1 - o2));
+          }
+          lse[head[i]] = hi + logf(expf(l1 - hi) + expf(l2 - hi));
+        } else {
+          for (int d = 0; d < D; d++) o[d] = bf16_store(obuf[i * 64 + d] * w1);
+          lse[head[i]] = l1;
+        }
+      }
+    }
+    _tile_release();
+    free(s);
+    free(pb);
+    FLUSH_END
+  }
+  free(kp);
+  free(vp);
+  return err;
+}
+#else
+#define SG_AMX 0
+#endif
 #define FAST64_bf16(...) (D == 64 ? (attend64_bf16(__VA_ARGS__), 1) : 0)
 #else
 #define FAST64_bf16(...) 0
 #define SG_FEATURES 0
 #endif
 #define FAST64_f32(...) 0
+#ifndef SG_AMX
+#define SG_AMX 0
+#endif
+#if !SG_AMX
+int sg_amx_init(void) { return -1; }
+int sg_shared_attn_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int64_t *rows,
+                        int B, int R, int H, int KV, int P, float scale, int merge,
+                        uint16_t *out, float *lse) {
+  (void)q; (void)kc; (void)vc; (void)rows; (void)B; (void)R; (void)H; (void)KV; (void)P;
+  (void)scale; (void)merge; (void)out; (void)lse;
+  return -4;  /* not built: no AMX-BF16 here */
+}
+#endif
 
 #define DEFINE_KERNELS(SUF, T, LOAD, STORE)                                                      \
 /* One KV head's attention for G query heads q (rows of length D, G consecutive heads)    \
@@ -430,7 +648,8 @@ void sg_rope_##SUF(T *x, long stride, const T *cos, const T *sin, long rows, int
 DEFINE_KERNELS(bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_KERNELS(f32, float, f32_load, f32_store)
 
-int sg_abi_version(void) { return 3; }
+int sg_abi_version(void) { return 4; }
 
-/* Bit 0: the AVX-512 BF16 attention of head_dim 64 was compiled in. */
-int sg_features(void) { return SG_FEATURES; }
+/* Bit 0: the AVX-512 BF16 attention of head_dim 64 was compiled in; bit 1: the AMX-BF16
+ * attention to a shared prefix (sg_shared_attn_bf16). */
+int sg_features(void) { return SG_FEATURES | SG_AMX; }

@@ -81,6 +81,98 @@ def test_decode_attention_reads_the_pool_in_place_as_gather_then_attend(nk, dtyp
     assert torch.equal(out[0], v_pool[index[0, 0]].repeat_interleave(h // kvh, 0))
 
 
+def test_the_amx_attention_is_built_where_the_cpu_has_amx_bf16(nk):
+    flags = native._cpu_flags().split()
+    assert nk.features & 2 == (2 if "amx_bf16" in flags and "amx_tile" in flags else 0)
+    assert nk.amx_attention == bool(nk.features & 2)  # Linux lent the tiles where built
+
+
+needs_amx = pytest.mark.skipif("amx_bf16" not in native._cpu_flags().split(),
+                               reason="no AMX-BF16 on this CPU: the torch kernel runs the shared prefix")
+
+# (rows, query heads, KV heads, prefix keys): 111 query rows a KV head (blocks of 16 and a part),
+# keys in blocks of 32 and a part, a prefix of one key, one KV head, a long prefix
+SHARED = [(37, 9, 3, 389), (6, 10, 2, 40), (17, 4, 2, 1), (3, 8, 1, 33), (9, 9, 3, 2500)]
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", SHARED, ids=[f"b{b}h{h}kv{k}p{p}" for b, h, k, p in SHARED])
+def test_shared_attention_on_amx_equals_attend_shared_and_the_merge(nk, shape):
+    from structgen.backends.embedded.attention import attend_shared, merge_partials
+
+    g = torch.Generator().manual_seed(3)
+    b, h, kvh, p = shape
+    r = b + 5  # rows of q that are not attended: left as they were
+    q = torch.randn(r, h, 64, generator=g).bfloat16()
+    pool_k = torch.randn(p + 7, kvh, 64, generator=g).bfloat16()
+    pool_v = torch.randn(p + 7, kvh, 64, generator=g).bfloat16()
+    k, v = pool_k[3:3 + p], pool_v[3:3 + p]  # a view of the pool, as KVPool.read gives
+    rows = torch.randperm(r, generator=g)[:b]
+    ref_o, ref_l = attend_shared(q.float()[rows], k.float(), v.float(), 0.125, fused=False)
+    tol = 2 ** -7  # the output's bf16 rounding
+    # alone: as attend_shared
+    out, lse = torch.full_like(q, 7.0), torch.full((r, h), 7.0)
+    nk.shared_attention_(q, k, v, 0.125, out, lse, rows=rows, merge=False)
+    assert ((out[rows].float() - ref_o).abs() <= tol * (1 + ref_o.abs())).all()
+    assert (lse[rows] - ref_l).abs().max() < 1e-4
+    rest = torch.ones(r, dtype=torch.bool)
+    rest[rows] = False
+    assert (out[rest] == 7.0).all() and (lse[rest] == 7.0).all()
+    # merged into the rows' own partial attention, as merge_partials
+    own_o, own_l = torch.randn(r, h, 64, generator=g).bfloat16(), torch.randn(r, h, generator=g) * 4
+    out, lse = own_o.clone(), own_l.clone()
+    nk.shared_attention_(q, k, v, 0.125, out, lse, rows=rows)
+    want = merge_partials(ref_o, ref_l, own_o.float()[rows], own_l[rows])
+    assert ((out[rows].float() - want).abs() <= tol * (1 + want.abs())).all()
+    assert (lse[rows] - torch.logaddexp(ref_l, own_l[rows])).abs().max() < 1e-4
+    assert torch.equal(out[rest], own_o[rest]) and torch.equal(lse[rest], own_l[rest])
+    # every row, in order (rows=None)
+    out, lse = torch.empty_like(q), torch.empty(r, h)
+    nk.shared_attention_(q, k, v, 0.125, out, lse, merge=False)
+    all_o, _ = attend_shared(q.float(), k.float(), v.float(), 0.125, fused=False)
+    assert ((out.float() - all_o).abs() <= tol * (1 + all_o.abs())).all()
+
+
+@needs_amx
+def test_shared_attention_refuses_what_it_cannot_take(nk):
+    q, out, lse = torch.randn(4, 9, 64).bfloat16(), torch.empty(4, 9, 64).bfloat16(), torch.empty(4, 9)
+    k = torch.randn(10, 3, 64).bfloat16()
+    with pytest.raises(ValueError, match=r"row outside 0\.\.3"):
+        nk.shared_attention_(q, k, k, 0.125, out, lse, rows=torch.tensor([0, 4]))
+    long = torch.zeros(native.MAX_SHARED + 1, 3, 64).bfloat16()
+    assert not nk.shared_fits(q, long) and not nk.shared_fits(q.float(), k)
+    assert not nk.shared_fits(torch.randn(4, 9, 128).bfloat16(), k)
+    with pytest.raises(ValueError, match=r"1\.\.16384 keys"):
+        nk.shared_attention_(q, long, long, 0.125, out, lse)
+
+
+@needs_amx
+def test_run_attention_with_two_prefix_groups_on_amx_equals_the_torch_code(nk):
+    """A bfloat16 batch in two cascade groups (each a part of the rows: the kernel's rows
+    path) and a loner between them: with the kernels (AMX for the prefixes) as without,
+    each within bf16 rounding of the float32 code."""
+    from structgen.backends.embedded.attention import AttentionPlan, run_attention
+    from structgen.backends.embedded.kv_pool import KVPool
+
+    g = torch.Generator().manual_seed(11)
+    pool = KVPool(1, 3, 64, 2000, torch.bfloat16)
+    pool.k[0] = torch.randn(2000, 3, 64, generator=g).bfloat16()
+    pool.v[0] = torch.randn(2000, 3, 64, generator=g).bfloat16()
+    a, b = list(range(100)), list(range(200, 270))
+    seqs = [a + list(range(1000 + 10 * i, 1004 + 10 * i)) for i in range(3)]
+    seqs += [b + list(range(1500 + 10 * i, 1502 + 10 * i)) for i in range(4)]
+    seqs.insert(2, list(range(1800, 1850)))  # the loner, between group a's rows
+    rows = [slice(i, i + 1) for i in range(len(seqs))]
+    plan = AttentionPlan.build(rows, [torch.tensor(s) for s in seqs], torch.device("cpu"))
+    assert plan.decode is not None and len(plan.decode.groups) == 2
+    q = torch.randn(len(seqs), 9, 64, generator=g).bfloat16()
+    pool32 = KVPool(1, 3, 64, 2000, torch.float32)
+    pool32.k[0], pool32.v[0] = pool.k[0].float(), pool.v[0].float()
+    ref = run_attention(q.float(), pool32, 0, plan, 0.125)
+    for out in (run_attention(q, pool, 0, plan, 0.125, kernels=nk), run_attention(q, pool, 0, plan, 0.125)):
+        assert ((out.float() - ref).abs() <= 2 ** -7 * (1 + ref.abs())).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_chunk_attention_reads_the_pool_in_place_as_attend_chunks(nk, dtype):
     """Entries of several new tokens (own context, new) = (5, 1), (0, 3), (2, 7), (30, 4),
