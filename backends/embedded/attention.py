@@ -269,6 +269,7 @@ class DecodePlan:
     chunks: ChunkPlan | None = None  # the cascade's several-token entries, when there are any
     single_pos: torch.Tensor | None = None  # [B1] positions in rows of the one-token queries (None: all)
     lens: torch.Tensor | None = None  # [B1] int32: keys of each one-token query in index (for the native kernel)
+    in_order: bool = False  # rows are every packed row, in order (no prefill): no gather, no scatter
 
     @property
     def cascade(self) -> bool:
@@ -312,7 +313,9 @@ class AttentionPlan:
         groups: list[tuple[int, list[tuple[slice, torch.Tensor]]]] = []
         if cascade is not False and len(cands) > 1:
             found = _cascade_groups([ctx(e) for e in cands], 1 if cascade else min_shared)
-            groups = [(n, [cands[i] for i in members]) for n, members in found]
+            # members in batch order: a batch of one group's decodes reads its rows in order
+            groups = [(n, sorted((cands[i] for i in members), key=lambda e: e[0].start))
+                      for n, members in found]
         in_group = {id(e) for _, members in groups for e in members}
         long += [e for e in short if id(e) not in in_group]
         q_rows: list[int] = []
@@ -351,13 +354,14 @@ class AttentionPlan:
             start = len(sl) - (r.stop - r.start)
             off = 0 if window is None else max(0, start - window + 1)  # keys no query sees
             prefill.append(PrefillItem(r, start - off, SlotRange.of(sl[off:].to(device)), window))
+        in_order = not prefill and q_rows == list(range(sum(r.stop - r.start for r in rows)))
         return cls(tuple(prefill), cls._plan_decode(q_rows, keys, single_pos, chunks, device,
-                                                    tuple(cascade_groups)))
+                                                    tuple(cascade_groups), in_order))
 
     @staticmethod
     def _plan_decode(rows: list[int], own: list[torch.Tensor], single_pos: list[int],
                      chunks: list[tuple[int, torch.Tensor, int]], device: torch.device,
-                     groups: tuple[CascadeGroup, ...]) -> DecodePlan | None:
+                     groups: tuple[CascadeGroup, ...], in_order: bool = False) -> DecodePlan | None:
         """Query ``rows[single_pos[i]]`` reads its group's prefix (if any) and its own keys
         ``own[i]``; a chunk's queries read its group's prefix and, causally, its own keys."""
         if not rows:
@@ -378,9 +382,9 @@ class AttentionPlan:
                 mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).to(device)
             lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
         if not chunks:
-            return DecodePlan(row_t, index, mask, None, groups, lens=lens_t)
+            return DecodePlan(row_t, index, mask, None, groups, lens=lens_t, in_order=in_order)
         return DecodePlan(row_t, index, mask, None, groups, _plan_chunks(chunks, device),
-                          torch.tensor(single_pos, dtype=torch.long, device=device), lens_t)
+                          torch.tensor(single_pos, dtype=torch.long, device=device), lens_t, in_order)
 
 
 def _plan_chunks(chunks: list[tuple[int, torch.Tensor, int]], device: torch.device) -> ChunkPlan:
@@ -453,18 +457,29 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
     keys in place through the plan's index, one kernel call, instead of a gather and
     :func:`attend_padded` (the caller checks that they suit ``q``'s dtype and shape).
     """
+    dec = plan.decode
+    if dec is not None and dec.in_order and len(dec.rows) == q.shape[0] and dec.single is None:
+        return _attend_decode(q.contiguous(), pool, layer, dec, scale, kernels)
     out = torch.empty_like(q)
     for item in plan.prefill:
         k, v = pool.read(layer, item.slots)
         out[item.rows] = attend_causal(q[item.rows], k, v, item.start, scale, item.window)
-    dec = plan.decode
     if dec is None:
         return out
     qd = q.index_select(0, dec.rows)
     if dec.single is not None:
         k, v = pool.read(layer, dec.single)
         o, _ = attend_padded(qd, k[None], v[None], None, scale)
-    elif dec.groups:
+    else:
+        o = _attend_decode(qd, pool, layer, dec, scale, kernels)
+    out.index_copy_(0, dec.rows, o)
+    return out
+
+
+def _attend_decode(qd: torch.Tensor, pool: KVPool, layer: int, dec: DecodePlan, scale: float,
+                   kernels: Kernels | None) -> torch.Tensor:
+    """The decode queries ``qd`` (``dec.rows`` of the batch) against their prefixes and own keys."""
+    if dec.groups:
         o, lse = _attend_own(qd, pool, layer, dec, scale, kernels)
         for g in dec.groups:
             kp, vp = pool.read(layer, g.prefix)
@@ -480,13 +495,11 @@ def run_attention(q: torch.Tensor, pool: KVPool, layer: int, plan: AttentionPlan
             op, lsep = attend_shared(qg, kp, vp, scale)
             o.index_copy_(0, g.queries, merge_partials(
                 op, lsep, o.index_select(0, g.queries), lse.index_select(0, g.queries)))
-    elif kernels is not None:
-        o = _own_native(qd, pool, layer, dec, scale, kernels)[0]
-    else:  # no statistics needed: SDPA is faster on the long padded keys
-        k, v = _gather(pool, layer, dec.index)
-        o = attend_sdpa(qd, k, v, dec.mask, scale)
-    out.index_copy_(0, dec.rows, o)
-    return out
+        return o
+    if kernels is not None:
+        return _own_native(qd, pool, layer, dec, scale, kernels)[0]
+    k, v = _gather(pool, layer, dec.index)  # no statistics needed: SDPA is faster on the long padded keys
+    return attend_sdpa(qd, k, v, dec.mask, scale)
 
 
 def _gather(pool: KVPool, layer: int, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -648,7 +648,22 @@ void sg_rope_##SUF(T *x, long stride, const T *cos, const T *sin, long rows, int
 DEFINE_KERNELS(bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_KERNELS(f32, float, f32_load, f32_store)
 
-int sg_abi_version(void) { return 4; }
+/* The new tokens' K and V into one layer of the pool, rows of row_bytes each: source row i
+ * (at ks + i * k_stride bytes, likewise v: a view of the fused projection) to slot slots[i]
+ * of kc / vc (num_slots rows of row_bytes). -3 where a slot is outside the pool (nothing is
+ * written then). torch's index_copy_ of the strided views took 14 us a layer for 300 rows. */
+int sg_kv_write(char *kc, char *vc, const char *ks, const char *vs, const int64_t *slots, long n,
+                long k_stride, long v_stride, long row_bytes, long num_slots) {
+  for (long i = 0; i < n; i++)
+    if (slots[i] < 0 || slots[i] >= num_slots) return -3;
+  for (long i = 0; i < n; i++) {
+    memcpy(kc + slots[i] * row_bytes, ks + i * k_stride, (size_t)row_bytes);
+    memcpy(vc + slots[i] * row_bytes, vs + i * v_stride, (size_t)row_bytes);
+  }
+  return 0;
+}
+
+int sg_abi_version(void) { return 5; }
 
 /* Bit 0: the AVX-512 BF16 attention of head_dim 64 was compiled in; bit 1: the AMX-BF16
  * attention to a shared prefix (sg_shared_attn_bf16). */

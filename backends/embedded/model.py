@@ -310,7 +310,10 @@ class DecoderModel:
             qk, v = self._qk_v(layer, nk.rms_norm(x, layer.ln1, self.eps, residual=pending))  # x += pending
             nk.rope_(qk, hq, cos, sin)
             q, k = qk[:, :h], qk[:, h:]
-            kv.write(i, batch.write_slots, k, v)
+            if kv.k.dtype == k.dtype:
+                nk.kv_write_(kv.k[i], kv.v[i], batch.write_slots, k, v)
+            else:
+                kv.write(i, batch.write_slots, k, v)
             a = run_attention(q, kv, i, batch.plans[layer.window], self.scale, kernels=nk)
             y = nk.rms_norm(x, layer.ln2, self.eps, residual=F.linear(a.reshape(t, h * d), layer.o, layer.o_b))
             gu = F.linear(y, layer.gate_up, layer.gate_up_b)

@@ -77,7 +77,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
 MAX_HEAD_DIM = 256  # cpu_kernels.c's MAX_D
 MAX_GROUP = 16      # and MAX_G
 MAX_SHARED = 16384  # and SG_MAX_SHARED: the most prefix keys sg_shared_attn_bf16 takes
-_ABI = 4
+_ABI = 5
 
 _VP = ctypes.c_void_p
 _I, _L, _F = ctypes.c_int, ctypes.c_long, ctypes.c_float
@@ -106,6 +106,9 @@ class Kernels:
         self._shared = lib.sg_shared_attn_bf16
         self._shared.argtypes = [_VP] * 4 + [_I] * 5 + [_F, _I, _VP, _VP]
         self._shared.restype = _I
+        self._kv_write = lib.sg_kv_write
+        self._kv_write.argtypes = [_VP] * 5 + [_L] * 5
+        self._kv_write.restype = _I
         self._fn: dict[tuple[str, torch.dtype], Any] = {}  # ctypes functions
         for dtype, suf in _SUFFIX.items():
             attn = getattr(lib, f"sg_decode_attn_{suf}")
@@ -207,6 +210,28 @@ class Kernels:
         if rc:
             raise ValueError(f"shared_attention_: kernel refused its input (code {rc}): heads {h}, "
                              f"kv heads {k.shape[1]}, or a row outside 0..{r - 1}")
+
+    def kv_write_(self, k_layer: torch.Tensor, v_layer: torch.Tensor, slots: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new tokens' ``k``/``v`` ``[n, KV, D]`` (rows may be strided: views of
+        the fused projection) at ``slots`` ``[n]`` (int64) of one pool layer, ``k_layer`` /
+        ``v_layer`` ``[slots, KV, D]``, as ``index_copy_``; a slot outside the pool is a
+        ValueError and nothing is written."""
+        _check(k_layer, v_layer)
+        n = slots.shape[0]
+        for t in (k, v):
+            if t.dtype != k_layer.dtype or t.device.type != "cpu" or t.shape != (n, *k_layer.shape[1:]) \
+                    or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+                raise ValueError("kv_write_: k and v [n, KV, D] in the pool's dtype, dense rows")
+        if v_layer.shape != k_layer.shape or slots.dtype != torch.int64 or slots.dim() != 1 \
+                or not slots.is_contiguous():
+            raise ValueError("kv_write_: k_layer and v_layer alike, slots [n] int64")
+        size = k.element_size()
+        row = k_layer.shape[1] * k_layer.shape[2] * size
+        rc = self._kv_write(_ptr(k_layer), _ptr(v_layer), _ptr(k), _ptr(v), _ptr(slots), n,
+                            k.stride(0) * size, v.stride(0) * size, row, k_layer.shape[0])
+        if rc:
+            raise ValueError(f"kv_write_: a slot outside the pool's {k_layer.shape[0]}")
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -256,6 +256,13 @@ def test_cascade_groups_split_where_prefixes_diverge():
                     for g in plan.decode.groups)
     assert groups == [(100, [0, 1, 2]), (100, [3, 4])]  # two groups, not one of 40
     assert plan.decode.index.shape == (6, 50)  # own suffixes; the loner reads all its 50
+    assert plan.decode.in_order  # groups of neighbours, then the loner: rows read in batch order
+    mixed = [seqs[i] for i in (0, 3, 1, 4, 2, 5)]  # the groups' rows interleaved
+    interleaved = AttentionPlan.build(rows, [torch.tensor(s) for s in mixed], torch.device("cpu"))
+    assert sorted(sorted(interleaved.decode.rows[g.queries].tolist()) for g in interleaved.decode.groups) \
+        == [[0, 2, 4], [1, 3]]
+    assert not interleaved.decode.in_order
+    assert interleaved.decode.rows.tolist() == [0, 2, 4, 1, 3, 5]  # each group's members in batch order
     small = AttentionPlan.build(rows[:2], [torch.tensor(s[:20]) for s in seqs[:2]], torch.device("cpu"))
     assert not small.decode.cascade  # 19 shared slots < min_shared
 

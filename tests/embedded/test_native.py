@@ -252,6 +252,26 @@ def test_elementwise_kernels_refuse_mismatched_shapes_and_dtypes(nk):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_kv_write_stores_strided_views_as_index_copy(nk, dtype):
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(50, 15, 64, generator=g).to(dtype)  # 9 q, 3 k, 3 v heads a row
+    k, v = qkv[:, 9:12], qkv[:, 12:]
+    slots = torch.randperm(400, generator=g)[:50]
+    pool_k, pool_v = torch.randn(400, 3, 64, generator=g).to(dtype), torch.randn(400, 3, 64, generator=g).to(dtype)
+    want_k, want_v = pool_k.clone().index_copy_(0, slots, k), pool_v.clone().index_copy_(0, slots, v)
+    nk.kv_write_(pool_k, pool_v, slots, k, v)
+    assert torch.equal(pool_k, want_k) and torch.equal(pool_v, want_v)
+    bad = slots.clone()
+    bad[-1] = 400
+    before = pool_k.clone()
+    with pytest.raises(ValueError, match="outside the pool"):
+        nk.kv_write_(pool_k, pool_v, bad, k, v)
+    assert torch.equal(pool_k, before)
+    with pytest.raises(ValueError, match="dense rows"):
+        nk.kv_write_(pool_k, pool_v, slots, k.transpose(1, 2), v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_rms_norm_with_and_without_the_residual_add(nk, dtype, rows):
     g = torch.Generator().manual_seed(rows)
