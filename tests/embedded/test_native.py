@@ -272,12 +272,13 @@ def test_kv_write_stores_strided_views_as_index_copy(nk, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("rows", [1, 7, 300])
-def test_rms_norm_with_and_without_the_residual_add(nk, dtype, rows):
+@pytest.mark.parametrize(("rows", "width"), [(1, 576), (7, 576), (300, 576), (5, 100)])
+def test_rms_norm_with_and_without_the_residual_add(nk, dtype, rows, width):
+    # 100: a row of 6 blocks of 16 and a part (the AVX-512 loop's masked tail)
     g = torch.Generator().manual_seed(rows)
-    x = (torch.randn(rows, 576, generator=g) * 3).to(dtype)
-    res = torch.randn(rows, 576, generator=g).to(dtype)
-    w = torch.randn(576, generator=g).to(dtype)
+    x = (torch.randn(rows, width, generator=g) * 3).to(dtype)
+    res = torch.randn(rows, width, generator=g).to(dtype)
+    w = torch.randn(width, generator=g).to(dtype)
     ulps = 1.0 if dtype == torch.bfloat16 else 8.0  # bf16: one rounding step; f32: the sum's order
     want = _rms_norm(x, w, 1e-5)
     got = nk.rms_norm(x.clone(), w, 1e-5)
@@ -290,11 +291,13 @@ def test_rms_norm_with_and_without_the_residual_add(nk, dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-def test_silu_mul_equals_torch(nk, dtype):
+@pytest.mark.parametrize("width", [1536, 1500])
+def test_silu_mul_equals_torch(nk, dtype, width):
+    # 1500: rows end in a part of a block of 16 (the AVX-512 loop's masked tail)
     g = torch.Generator().manual_seed(3)
-    gu = (torch.randn(65, 2 * 1536, generator=g) * 4).to(dtype)
+    gu = (torch.randn(65, 2 * width, generator=g) * 4).to(dtype)
     gu[0, :4] = torch.tensor([0.0, -100.0, 100.0, 1e-3])  # saturating and tiny inputs
-    want = F.silu(gu[:, :1536]) * gu[:, 1536:]
+    want = F.silu(gu[:, :width]) * gu[:, width:]
     got = nk.silu_mul(gu)
     assert got.shape == want.shape and got.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2 ** -7
