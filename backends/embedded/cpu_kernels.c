@@ -285,13 +285,21 @@ typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; u
 
 /* Eight tiles of 16 rows x 64 bytes. In the score phase 0-1 hold scores, 2-3 and 6-7 keys,
  * 4-5 the queries' two halves of head_dim; in the value phase 0-3 the output, 4 the
- * weights, 5-7 values. */
-static void sg_tiles_on(void) {
+ * weights, 5-7 values. The thread's configuration before (oneDNN's, torch's brgemm's: a
+ * library may keep its tiles configured between calls and not configure them again) is
+ * saved in *before and given back by sg_tiles_off. */
+static void sg_tiles_on(sg_tilecfg *before) {
+  _tile_storeconfig(before);  /* all zeros where no tiles were configured */
   sg_tilecfg cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.palette = 1;
   for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
   _tile_loadconfig(&cfg);
+}
+
+static void sg_tiles_off(const sg_tilecfg *before) {
+  if (before->palette) _tile_loadconfig(before);
+  else _tile_release();
 }
 
 /* K and V of KV head j, keys [16 kb, 16 kb + 16) (V: with the next 16, for even kb), into
@@ -346,7 +354,8 @@ int sg_shared_attn_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t *v
     float obuf[16 * 64] __attribute__((aligned(64))), m[16], z[16];
     size_t head[16];
     if (s == NULL || pb == NULL) { _Pragma("omp atomic write") err = -2; }
-    sg_tiles_on();
+    sg_tilecfg before __attribute__((aligned(64)));
+    sg_tiles_on(&before);
     const float c2 = scale * SG_LOG2E;
     const int full = P & ~15;
     const __mmask16 tail = (__mmask16)((1u << (P - full)) - 1u);
@@ -437,7 +446,7 @@ int sg_shared_attn_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t *v
         }
       }
     }
-    _tile_release();
+    sg_tiles_off(&before);
     free(s);
     free(pb);
     FLUSH_END

@@ -134,6 +134,27 @@ def test_shared_attention_on_amx_equals_attend_shared_and_the_merge(nk, shape):
 
 
 @needs_amx
+def test_shared_attention_leaves_torchs_amx_users_working(nk):
+    """oneDNN's matmuls and torch's flash attention use AMX tiles on the same threads, and
+    may keep their tile configuration between calls: after the kernel, each still gives
+    the results it gave before it (the kernel gives back the configuration it found)."""
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(300, 576, generator=g).bfloat16(), torch.randn(1536, 576, generator=g).bfloat16()
+    qa, ka = torch.randn(1, 9, 200, 64, generator=g).bfloat16(), torch.randn(1, 9, 200, 64, generator=g).bfloat16()
+
+    def torch_amx():
+        return F.linear(x, w), F.scaled_dot_product_attention(qa, ka, ka, is_causal=True)
+
+    want = torch_amx()
+    q, k = torch.randn(64, 9, 64, generator=g).bfloat16(), torch.randn(100, 3, 64, generator=g).bfloat16()
+    out, lse = torch.empty_like(q), torch.empty(64, 9)
+    for _ in range(3):
+        nk.shared_attention_(q, k, k, 0.125, out, lse, merge=False)
+        got = torch_amx()
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@needs_amx
 def test_shared_attention_refuses_what_it_cannot_take(nk):
     q, out, lse = torch.randn(4, 9, 64).bfloat16(), torch.empty(4, 9, 64).bfloat16(), torch.empty(4, 9)
     k = torch.randn(10, 3, 64).bfloat16()
