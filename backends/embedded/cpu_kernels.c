@@ -152,9 +152,11 @@ static inline __m512 sg_exp512(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-static inline __m512 sg_bf16x16(const uint16_t *p) {  /* 16 bf16 -> float32 */
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+static inline __m512 sg_bf16_widen(__m256i h) {  /* 16 bf16 -> float32 */
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m512 sg_bf16x16(const uint16_t *p) {
+  return sg_bf16_widen(_mm256_loadu_si256((const __m256i *)p));
 }
 
 static const uint16_t sg_zero_row[64] __attribute__((aligned(64)));
@@ -464,9 +466,6 @@ int sg_shared_attn_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t *v
  * ~3 cycles an element: the scalar rounding did not vectorise well). Rounding is
  * vcvtneps2bf16's: to nearest even, as bf16_store (subnormals flushed, as the kernels run
  * with FTZ/DAZ anyway). Tails of a row by masks. */
-static inline __m512 sg_bf16_widen(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 static inline __m512 sg_bf16_ld(const uint16_t *p, __mmask16 k) {
   return sg_bf16_widen(_mm256_maskz_loadu_epi16(k, p));
 }

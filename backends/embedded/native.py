@@ -99,10 +99,10 @@ class Kernels:
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        #: the AVX-512 BF16 attention of bfloat16 heads of head_dim 64 is compiled in (the
-        #: CPU has AVX-512 BF16); other heads, and every head elsewhere, run the generic loop
         #: what cpu_kernels.c compiled in here (bit 0: AVX-512 BF16, bit 1: AMX-BF16)
         self.features = features = int(lib.sg_features())
+        #: the AVX-512 BF16 attention of bfloat16 heads of head_dim 64 is compiled in (the
+        #: CPU has AVX-512 BF16); other heads, and every head elsewhere, run the generic loop
         self.bf16_attention = bool(features & 1)
         #: the AMX-BF16 attention to a shared prefix (:meth:`shared_attention_`) is compiled in
         #: (the CPU has AMX-BF16) and the kernel lends this process the tile state
